@@ -1,0 +1,80 @@
+"""Everything a run needs, built from a config: models, tokenizer, data, reward functions.
+
+Kept apart from `train.py` so the loop there reads like Algorithm 1.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo.config import ConfigError, TrainConfig
+from grpo.data import format_prompt, load_rows
+from grpo.models import build_tiny, load_policy, load_tokenizer
+from grpo.rewards import RewardFn, get_reward, math_accuracy
+from grpo.tasks import get_task
+
+
+@dataclass
+class Data:
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    reward_fns: list[RewardFn]
+    reward_weights: list[float]
+    accuracy_fn: RewardFn                       # scores held-out answers for `eval/accuracy`
+    demonstrations: list[tuple[str, str]] = field(default_factory=list)  # for the cold start
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_model(config: TrainConfig, run_dir: Path) -> str:
+    """The model path; `tiny` builds a fresh tiny model inside the run directory."""
+    name = config.model.model
+    if name == "tiny":
+        return str(build_tiny(run_dir / "base_model", seed=config.run.seed))
+    return name
+
+
+def load_model_and_tokenizer(config: TrainConfig, run_dir: Path):
+    path = resolve_model(config, run_dir)
+    try:
+        tokenizer = load_tokenizer(path, config.model.chat_template)
+        policy = load_policy(path, config.model.dtype)
+    except OSError as e:
+        raise ConfigError(f"config key 'model': cannot load {path!r}: {str(e).splitlines()[0]}") from None
+    return policy, tokenizer
+
+
+def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None) -> Data:
+    """Rows, reward functions and demonstrations from the task or the dataset file."""
+    d = config.data
+    if d.dataset:
+        train_rows = load_rows(d.dataset, d.prompt_column, d.answer_column)
+        eval_rows = load_rows(d.eval_dataset, d.prompt_column, d.answer_column) if d.eval_dataset else []
+        random.Random(config.run.seed).shuffle(train_rows)
+        default_rewards, accuracy_fn = ["math_accuracy"], math_accuracy
+        demonstrations = [(r["prompt"], str(r["completion"])) for r in train_rows if "completion" in r]
+    else:
+        task = get_task(d.task)
+        train_rows, eval_rows = task.train_rows(config.run.seed), task.eval_rows()
+        default_rewards, accuracy_fn = task.rewards, get_reward(task.rewards[0])
+        demonstrations = [(r["prompt"], task.demonstration(r)) for r in train_rows]
+    if reward_fns is None:
+        names = config.reward.rewards or default_rewards
+        reward_fns = [get_reward(n) for n in names]
+    weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
+    if len(weights) != len(reward_fns):
+        raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
+                          f"{len(reward_fns)} reward functions")
+    return Data(train_rows, eval_rows[: d.eval_size], reward_fns, weights, accuracy_fn, demonstrations)
+
+
+def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
+    return [format_prompt(tokenizer, r["prompt"], config.model.chat_template,
+                          config.data.system_prompt) for r in rows]

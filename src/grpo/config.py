@@ -1,0 +1,341 @@
+"""Typed, frozen configuration: one dataclass per concern, flat plain-named keys.
+
+Every key is unique across the sections, so a YAML file and `key=value` overrides stay flat:
+`grpo train run.yaml group_size=16 lr=1e-5`. The defaults are the built-in demo: a tiny model, cold
+start on the addition task's demonstrations, then GRPO. The string under each field is its help
+text; `grpo train --help` reads it from here.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import math
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad key or value; the message names the key and says what to do."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "tiny"
+    """Hugging Face model directory or hub name; `tiny` builds a small model with no download."""
+    chat_template: str = "auto"
+    """`auto` wraps prompts in the tokenizer's chat template when it has one; `none` never does."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16 or float16."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    task: str = "addition"
+    """Built-in task (addition, countdown) used when `dataset` is empty; it brings its own reward."""
+    dataset: str = ""
+    """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
+    eval_dataset: str = ""
+    """Held-out file for `eval/accuracy`; empty uses the task's held-out split or none for a file."""
+    prompt_column: str = "question"
+    """Dataset column that holds the prompt (GSM8K's `question` by default; `prompt` also found)."""
+    answer_column: str = "answer"
+    """Dataset column with the reference answer; passed to reward functions as `answer`."""
+    system_prompt: str = ""
+    """System message placed before each prompt when a chat template is used."""
+    eval_size: int = 200
+    """Number of held-out prompts scored at each evaluation."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    prompts_per_step: int = 16
+    """B: prompts per step; a step samples B*G completions."""
+    max_new_tokens: int = 8
+    """Longest completion in tokens; longer ones are cut and counted in `completion/truncated_frac`."""
+    temperature: float = 1.0
+    """Sampling temperature for the group (evaluation is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold for the group."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    rewards: list[str] = field(default_factory=list)
+    """Reward functions by name from `grpo.rewards`; empty uses the task's own reward."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward function; empty weighs each 1.0. The reward is the weighted sum."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    beta: float = 0.04
+    """KL penalty coefficient toward the reference model; 0 loads no reference model at all."""
+    epsilon: float = 0.2
+    """Lower clip range: rho is clipped below at 1 - epsilon."""
+    epsilon_high: float = 0.0
+    """Upper clip range: rho is clipped above at 1 + epsilon_high; 0 means equal to `epsilon`."""
+    advantage_eps: float = 1e-4
+    """eps in A = (r - mean) / (std + eps)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-4
+    """AdamW learning rate after warmup."""
+    lr_schedule: str = "constant"
+    """After warmup: `constant` or `cosine` (decays to 0 at the last step)."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warmup from 0."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm; 0 turns clipping off."""
+    num_iterations: int = 1
+    """mu: policy updates per batch of rollouts, with the old log-probs held fixed."""
+    micro_batch_size: int = 32
+    """Completions per forward/backward pass; gradients accumulate to the same total."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int = 60
+    """GRPO steps (each: sample, score, normalize, mu updates)."""
+    sft_steps: int = 30
+    """Cold-start supervised steps on the task's demonstrations before GRPO; 0 skips it."""
+    sft_lr: float = 1e-3
+    """Learning rate of the cold-start supervised steps."""
+    sft_batch_size: int = 32
+    """Examples per cold-start supervised step."""
+    ref_reset_every: int = 0
+    """Steps per outer iteration: the reference model becomes the current policy this often; 0 never."""
+    eval_every: int = 10
+    """Evaluate on held-out prompts every this many steps, and at step 0 and the end; 0 turns it off."""
+    save_every: int = 0
+    """Write `checkpoints/step-N/` this often; 0 only writes `final/`."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation; the same seed gives the same numbers."""
+    output_dir: str = "runs/demo"
+    """Run directory for config, metrics, samples, TensorBoard events, checkpoints and plots."""
+    algorithm: str = "grpo"
+    """Preset that sets several keys at once (see `grpo explain`); explicit keys win over it."""
+    threads: int = 0
+    """Torch CPU threads; 0 leaves torch's default."""
+
+
+SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig)
+
+# name -> keys it sets. Explicit keys from the file or command line override a preset.
+ALGORITHMS: dict[str, dict] = {
+    "grpo": {},
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def flat(self) -> dict:
+        """Every key and its value, as written in a YAML file."""
+        sections = [getattr(self, s.name) for s in dataclasses.fields(self)]
+        return {f.name: getattr(section, f.name)
+                for section in sections for f in dataclasses.fields(section)}
+
+
+def _section_of() -> dict[str, tuple[str, dataclasses.Field, type]]:
+    """key -> (section attribute, field, section class)."""
+    hints = {cls: typing.get_type_hints(cls) for cls in SECTIONS}
+    out = {}
+    for sfield in dataclasses.fields(TrainConfig):
+        cls = sfield.default_factory
+        for f in dataclasses.fields(cls):
+            out[f.name] = (sfield.name, f, hints[cls][f.name])
+    return out
+
+
+KEYS = _section_of()
+
+
+def field_docs() -> dict[str, str]:
+    """key -> the docstring written under its field."""
+    docs = {}
+    for cls in SECTIONS:
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _unknown(key: str) -> ConfigError:
+    near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else "; `grpo train --help` lists the keys"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _coerce(key: str, value, hint):
+    """Check `value` against the field's type; the error names the key and the expected type."""
+    def bad(expected: str):
+        return ConfigError(f"config key '{key}' expects {expected}, got {value!r}")
+
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad("true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad("an integer")
+    if hint is float:
+        if isinstance(value, str):  # YAML reads 1e-5 as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad("a number") from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise bad("a finite number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad("a string")
+    if typing.get_origin(hint) is list:
+        (inner,) = typing.get_args(hint)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value] if value != "" else []
+        if not isinstance(value, list):
+            raise bad("a list such as [a,b]")
+        return [_coerce(key, v, inner) for v in value]
+    raise TypeError(f"unsupported config type {hint} for {key}")  # a bug in this module
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """`key=value` strings -> {key: value}, values read as YAML scalars or flow lists."""
+    out = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected key=value, got '{arg}'")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A flat YAML mapping of keys; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of key: value")
+    return data
+
+
+def build_config(values: dict | None = None) -> TrainConfig:
+    """Defaults, then the `algorithm` preset, then `values`; every key and type is checked."""
+    values = dict(values or {})
+    for key in values:
+        if key not in KEYS:
+            raise _unknown(key)
+    algorithm = values.get("algorithm", RunConfig.algorithm)
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"config key 'algorithm': unknown preset {algorithm!r}; "
+                          f"choose one of {sorted(ALGORITHMS)}")
+    merged = {**ALGORITHMS[algorithm], **values}
+    per_section: dict[str, dict] = {}
+    for key, value in merged.items():
+        section, _, hint = KEYS[key]
+        per_section.setdefault(section, {})[key] = _coerce(key, value, hint)
+    config = TrainConfig(**{s.name: s.default_factory(**per_section.get(s.name, {}))
+                            for s in dataclasses.fields(TrainConfig)})
+    validate(config)
+    return config
+
+
+def validate(config: TrainConfig) -> None:
+    """Range checks that types alone do not catch."""
+    c = config.flat()
+    positive = ["group_size", "prompts_per_step", "max_new_tokens", "num_iterations",
+                "micro_batch_size", "sft_batch_size"]
+    for key in positive:
+        if c[key] < 1:
+            raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
+    for key in ["steps", "sft_steps", "eval_every", "save_every", "ref_reset_every",
+                "warmup_steps", "eval_size", "threads"]:
+        if c[key] < 0:
+            raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
+    for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm"]:
+        if c[key] < 0:
+            raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
+    if c["temperature"] <= 0:
+        raise ConfigError("config key 'temperature' must be above 0 (evaluation is already greedy)")
+    if not 0 < c["top_p"] <= 1:
+        raise ConfigError(f"config key 'top_p' must be in (0, 1], got {c['top_p']}")
+    if c["lr_schedule"] not in ("constant", "cosine"):
+        raise ConfigError(f"config key 'lr_schedule' must be constant or cosine, got {c['lr_schedule']!r}")
+    if c["chat_template"] not in ("auto", "none"):
+        raise ConfigError(f"config key 'chat_template' must be auto or none, got {c['chat_template']!r}")
+    if c["dtype"] not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"config key 'dtype' must be float32, bfloat16 or float16, got {c['dtype']!r}")
+    if c["reward_weights"] and len(c["reward_weights"]) != len(c["rewards"]):
+        raise ConfigError(f"config key 'reward_weights' has {len(c['reward_weights'])} weights for "
+                          f"{len(c['rewards'])} reward functions in 'rewards'; give one per function")
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """A YAML file (optional) plus `key=value` overrides, the latter winning."""
+    values = load_yaml(path) if path else {}
+    values.update(parse_overrides(overrides or []))
+    return build_config(values)
+
+
+def help_text() -> str:
+    """Every key with its default and meaning, grouped by section."""
+    docs = field_docs()
+    lines = []
+    for cls in SECTIONS:
+        lines.append(f"{cls.__name__.removesuffix('Config').lower()}:")
+        defaults = cls()
+        for f in dataclasses.fields(cls):
+            default = getattr(defaults, f.name)
+            lines.append(f"  {f.name}={yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}")
+            lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ",
+                                       subsequent_indent="      "))
+    return "\n".join(lines)
+
+
+def to_yaml(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.flat(), sort_keys=False)
+
+
+def replace(config: TrainConfig, **changes) -> TrainConfig:
+    """A copy with some flat keys changed (checked like any other input)."""
+    return build_config({**config.flat(), **changes})
+
+
+__all__ = ["TrainConfig", "ConfigError", "load_config", "build_config", "help_text", "to_yaml",
+           "replace", "ALGORITHMS", "KEYS"]

@@ -1,0 +1,77 @@
+"""Datasets and prompt formatting.
+
+Rows are dicts with `prompt` (text before templating), `answer`, and any other columns, which reach
+reward functions as keyword arguments. Files load through Hugging Face `datasets` (JSONL, Parquet,
+CSV, or a hub name); GSM8K rows (`question`, `answer` ending in `#### n`) work as they are.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used; the message names the file and the column."""
+
+
+def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "train") -> list[dict]:
+    """Rows of a local file or hub dataset, with `prompt` and `answer` renamed from the given columns."""
+    import datasets
+
+    suffix = Path(path).suffix.lower()
+    if suffix in _FORMATS:
+        if not Path(path).is_file():
+            raise DataError(f"dataset file not found: {path}")
+        table = datasets.load_dataset(_FORMATS[suffix], data_files=path, split="train")
+    else:
+        table = datasets.load_dataset(path, split=split)
+    columns = table.column_names
+    source_prompt = prompt_column if prompt_column in columns else (
+        "prompt" if "prompt" in columns else None)
+    if source_prompt is None:
+        raise DataError(f"{path}: no prompt column '{prompt_column}' (columns: {columns}); "
+                        "set prompt_column=NAME")
+    rows = []
+    for record in table:
+        row = {k: v for k, v in record.items() if k not in (source_prompt, answer_column)}
+        row["prompt"] = str(record[source_prompt])
+        row["answer"] = record.get(answer_column)
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: the dataset has no rows")
+    return rows
+
+
+def format_prompt(tokenizer, prompt: str, chat_template: str, system_prompt: str = "") -> str:
+    """The text the model sees: the chat template when there is one and it is wanted, else the prompt."""
+    if chat_template == "auto" and getattr(tokenizer, "chat_template", None):
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+        messages.append({"role": "user", "content": prompt})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{system_prompt}\n{prompt}" if system_prompt else prompt
+
+
+class PromptStream:
+    """Endless batches of rows: shuffled by `seed`, reshuffled each pass."""
+
+    def __init__(self, rows: list[dict], seed: int):
+        self.rows, self.rng = list(rows), random.Random(seed)
+        self.order: list[int] = []
+
+    def next_batch(self, size: int) -> list[dict]:
+        batch = []
+        while len(batch) < size:
+            if not self.order:
+                self.order = list(range(len(self.rows)))
+                self.rng.shuffle(self.order)
+            batch.append(self.rows[self.order.pop()])
+        return batch
+
+
+def columns_of(rows: list[dict], repeat: int) -> dict[str, list]:
+    """Every column but `prompt`, each value repeated for the `repeat` members of its group."""
+    keys = [k for k in rows[0] if k != "prompt"]
+    return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in keys}

@@ -1,0 +1,73 @@
+"""Step 2 of GRPO: reward functions and how several combine.
+
+Contract: `fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]`.
+Extra dataset columns (such as `answer`) arrive as keyword arguments, one list each. `None` means
+"cannot be scored": the row is left out of its group's statistics and gets advantage 0. A list of the
+wrong length or a non-finite value is an error that names the function.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from grpo.rewards.countdown import countdown_equation
+from grpo.rewards.format import think_format
+from grpo.rewards.answers import exact_answer, extract_answer, math_accuracy
+
+RewardFn = Callable[..., list]
+
+# name -> function; `rewards=[a,b]` in a config picks from here.
+REWARDS: dict[str, RewardFn] = {
+    "math_accuracy": math_accuracy,
+    "exact_answer": exact_answer,
+    "think_format": think_format,
+    "countdown_equation": countdown_equation,
+}
+
+
+class RewardError(ValueError):
+    """A reward function broke the contract; the message names it."""
+
+
+def get_reward(name: str) -> RewardFn:
+    if name not in REWARDS:
+        raise RewardError(f"unknown reward function '{name}'; built-ins are {sorted(REWARDS)}")
+    return REWARDS[name]
+
+
+def reward_name(fn: RewardFn) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def score(fns: list[RewardFn], weights: list[float], prompts: list[str], completions: list[str],
+          columns: dict[str, list]) -> tuple[list[float | None], dict[str, list[float | None]]]:
+    """Weighted sum of every function's reward; None where any function could not score a row.
+
+    Returns the totals [N] and each function's own rewards by name.
+    """
+    n = len(completions)
+    per_fn: dict[str, list[float | None]] = {}
+    for fn in fns:
+        name = reward_name(fn)
+        values = fn(prompts, completions, **columns)
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            raise RewardError(f"reward function '{name}' returned {got} values for {n} completions; "
+                              "it must return one float or None per completion")
+        for i, v in enumerate(values):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v)):
+                raise RewardError(f"reward function '{name}' returned {v!r} for completion {i}; "
+                                  "rewards must be finite numbers, or None when unscorable")
+        per_fn[name] = [None if v is None else float(v) for v in values]
+    totals: list[float | None] = []
+    for i in range(n):
+        row = [per_fn[reward_name(fn)][i] for fn in fns]
+        totals.append(None if any(v is None for v in row)
+                      else sum(w * v for w, v in zip(weights, row)))
+    return totals, per_fn
+
+
+__all__ = ["REWARDS", "RewardError", "get_reward", "score", "math_accuracy", "exact_answer",
+           "think_format", "countdown_equation", "extract_answer", "reward_name"]

@@ -1,0 +1,59 @@
+"""Cold start: supervised tuning on (prompt, completion) pairs before GRPO.
+
+A model that cannot yet produce the task's format gets no reward signal to learn from; a short
+supervised run on demonstrations gives it the format. The loss is cross-entropy on the completion
+tokens and the EOS that ends them; prompt tokens are context only.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable
+
+import torch
+
+from grpo.models import token_logprobs
+
+
+def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[(prompt, completion)] -> input_ids, attention_mask [n, P+T] and completion mask [n, T]."""
+    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False).input_ids
+    completions = tokenizer([c for _, c in pairs], add_special_tokens=False).input_ids
+    completions = [ids + [tokenizer.eos_token_id] for ids in completions]
+    P, T = max(map(len, prompts)), max(map(len, completions))
+    pad = tokenizer.pad_token_id
+    input_ids, attention, target_mask = [], [], []
+    for p, c in zip(prompts, completions):
+        input_ids.append([pad] * (P - len(p)) + p + c + [pad] * (T - len(c)))
+        attention.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
+        target_mask.append([1] * len(c) + [0] * (T - len(c)))
+    return torch.tensor(input_ids), torch.tensor(attention), torch.tensor(target_mask)
+
+
+def supervised_finetune(model, tokenizer, pairs: list[tuple[str, str]], *, steps: int, lr: float,
+                        batch_size: int, seed: int,
+                        on_step: Callable[[int, float, float], None] | None = None) -> list[float]:
+    """AdamW on the mean completion-token cross-entropy; returns the loss of each step."""
+    if not pairs:
+        raise ValueError("cold start needs demonstrations, but none were given")
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    losses, order = [], []
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        if len(order) < batch_size:
+            order += rng.sample(range(len(pairs)), len(pairs))
+        batch = [pairs[order.pop()] for _ in range(min(batch_size, len(pairs)))]
+        input_ids, attention_mask, target_mask = encode_pairs(tokenizer, batch)
+        logp, _ = token_logprobs(model, input_ids, attention_mask, target_mask.shape[1])
+        loss = -(logp * target_mask).sum() / target_mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1], time.perf_counter() - start)
+    return losses

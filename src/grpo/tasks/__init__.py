@@ -1,0 +1,33 @@
+"""Built-in procedural tasks with verifiable answers and fixed train and held-out splits.
+
+A task yields rows: {"prompt": str, "answer": str, ...columns}; its demonstrations (prompt,
+completion) feed the cold start; it names its own reward functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from grpo.tasks.addition import AdditionTask
+from grpo.tasks.countdown import CountdownTask
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    make: Callable[[], object]
+    summary: str
+
+
+TASKS: dict[str, TaskSpec] = {
+    "addition": TaskSpec("addition", AdditionTask, "a+b= with two-digit numbers; answer the sum"),
+    "countdown": TaskSpec("countdown", CountdownTask,
+                          "reach a target from three numbers with + - * /, each used once"),
+}
+
+
+def get_task(name: str):
+    if name not in TASKS:
+        raise ValueError(f"config key 'task': unknown task {name!r}; built-ins are {sorted(TASKS)}")
+    return TASKS[name].make()

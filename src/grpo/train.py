@@ -1,0 +1,191 @@
+"""The GRPO loop, as Algorithm 1 of DeepSeekMath (arXiv:2402.03300) lays it out.
+
+    for each outer iteration:                       reference <- policy  (every `ref_reset_every`)
+        for each step:
+            1. sample G completions for each of B prompts        (sampling.py)
+            2. score them with the reward functions              (rewards/)
+            3. normalize rewards within each group               (advantages.py)
+            4. mu times: clipped-surrogate update, pi_old fixed  (loss.py, update.py)
+
+Departures, on purpose: with mu = 1 the old log-probs equal the current ones, so no extra forward
+pass computes them (the ratio is 1 and the gradient is the same); `beta = 0` loads no reference.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from grpo import build
+from grpo.advantages import ADVANTAGES, zero_std_fraction
+from grpo.checkpoint import save_model_dir
+from grpo.config import TrainConfig, to_yaml
+from grpo.data import PromptStream, columns_of
+from grpo.models import frozen_copy
+from grpo.rewards import RewardFn, score
+from grpo.sampling import HFSampler
+from grpo.sft import supervised_finetune
+from grpo.tracking import NullTracker, RunTracker
+from grpo.update import accumulate_gradients, logprobs_of, make_optimizer, make_scheduler, optimizer_step
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    metrics: list[dict]
+    policy: torch.nn.Module
+    tokenizer: object
+
+
+def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
+          log: Callable[[str], None] = print, write_files: bool = True) -> RunResult:
+    """Cold start (if `sft_steps`), then `steps` GRPO steps; returns the policy and every metric."""
+    c = config
+    if c.run.threads:
+        torch.set_num_threads(c.run.threads)
+    build.seed_everything(c.run.seed)
+    run_dir = Path(c.run.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(c))
+    data = build.load_data(c, reward_fns)
+    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir)
+    tracker = RunTracker(run_dir) if write_files else NullTracker()
+    history: list[dict] = []
+
+    def record(metrics: dict, step: int) -> None:
+        tracker.log(metrics, step)
+        history.append({"step": step, **metrics})
+
+    if c.run.sft_steps:
+        cold_start(c, policy, tokenizer, data, log)
+    ref = frozen_copy(policy) if c.loss.beta > 0 else None
+    sampler = HFSampler(policy, tokenizer, max_new_tokens=c.sampling.max_new_tokens,
+                        temperature=c.sampling.temperature, top_p=c.sampling.top_p)
+    optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
+    scheduler = make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule)
+    stream = PromptStream(data.train_rows, c.run.seed)
+    accuracy = float("nan")
+    if data.eval_rows and c.run.eval_every:
+        accuracy = evaluate(c, sampler, tokenizer, data, record, step=0)
+        log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
+    started = time.perf_counter()
+
+    for step in range(1, c.run.steps + 1):
+        if ref is not None and c.run.ref_reset_every and step > 1 and (step - 1) % c.run.ref_reset_every == 0:
+            ref.load_state_dict(policy.state_dict())  # a new outer iteration: pi_ref <- pi_theta
+        t0 = time.perf_counter()
+        rows = stream.next_batch(c.sampling.prompts_per_step)
+        # 1. group sampling
+        rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), c.sampling.group_size)
+        rollout.columns = columns_of(rows, c.sampling.group_size)
+        t1 = time.perf_counter()
+        # 2. rewards
+        totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
+                                               rollout.completions, rollout.columns)
+        rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
+        # 3. advantages within each group
+        rollout.advantages = ADVANTAGES["group_norm"](rollout.rewards, rollout.group_ids,
+                                                      c.loss.advantage_eps)
+        # 4. mu policy updates against the fixed pi_old (and pi_ref)
+        if c.optim.num_iterations > 1:
+            rollout.old_logprobs = logprobs_of(policy, rollout, c.optim.micro_batch_size)
+        if ref is not None:
+            rollout.ref_logprobs = logprobs_of(ref, rollout, c.optim.micro_batch_size)
+        updates = []
+        for _ in range(c.optim.num_iterations):
+            stats = accumulate_gradients(
+                policy, rollout, micro_batch_size=c.optim.micro_batch_size, beta=c.loss.beta,
+                eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon)
+            stats["grad_norm"] = optimizer_step(policy, optimizer, scheduler, c.optim.max_grad_norm)
+            updates.append(stats)
+        t2 = time.perf_counter()
+
+        metrics = step_metrics(rollout, updates, data, sample_s=t1 - t0, update_s=t2 - t1)
+        metrics["lr"] = scheduler.get_last_lr()[0]
+        record(metrics, step)
+        tracker.samples(sample_records(rollout, step))
+        if data.eval_rows and c.run.eval_every and (step % c.run.eval_every == 0 or step == c.run.steps):
+            accuracy = evaluate(c, sampler, tokenizer, data, record, step=step)
+        if c.run.save_every and step % c.run.save_every == 0 and write_files:
+            save_model_dir(policy, tokenizer, run_dir / "checkpoints" / f"step-{step}")
+        log(progress_line(step, c.run.steps, metrics, accuracy, time.perf_counter() - started))
+
+    if write_files:
+        save_model_dir(policy, tokenizer, run_dir / "final")
+        tracker.close()
+        from grpo.report import write_report
+        write_report(run_dir)
+    return RunResult(run_dir, history, policy, tokenizer)
+
+
+def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:
+    if not data.demonstrations:
+        raise build.ConfigError("config key 'sft_steps' asks for a cold start, but the dataset has "
+                                "no 'completion' column to imitate; set sft_steps=0")
+    prompts = build.prompt_texts(c, tokenizer, [{"prompt": p} for p, _ in data.demonstrations])
+    pairs = list(zip(prompts, [comp for _, comp in data.demonstrations]))
+
+    def on_step(step: int, loss: float, seconds: float) -> None:
+        if step % 10 == 0 or step == c.run.sft_steps:
+            log(f"cold start {step}/{c.run.sft_steps}  loss {loss:.3f}  {seconds:.2f}s/step")
+
+    supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
+                        batch_size=c.run.sft_batch_size, seed=c.run.seed, on_step=on_step)
+
+
+def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, record, step: int) -> float:
+    """Greedy decoding on the held-out prompts; `eval/accuracy` is the mean of the accuracy reward."""
+    correct, scored = 0.0, 0
+    for start in range(0, len(data.eval_rows), 64):
+        rows = data.eval_rows[start:start + 64]
+        rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), 1, greedy=True)
+        values = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, 1))
+        correct += sum(v for v in values if v is not None)
+        scored += sum(v is not None for v in values)
+    accuracy = correct / max(scored, 1)
+    record({"eval/accuracy": accuracy, "eval/n": scored}, step)
+    return accuracy
+
+
+def step_metrics(rollout, updates: list[dict], data: build.Data, *, sample_s: float,
+                 update_s: float) -> dict:
+    """The DESIGN.md metric names, all measured on this step's rollout and updates."""
+    rewards = rollout.rewards
+    scored = rewards[~torch.isnan(rewards)]
+    lengths = rollout.completion_mask.sum(-1).float()
+    metrics = {
+        "reward/mean": scored.mean().item() if scored.numel() else math.nan,
+        "reward/std": scored.std().item() if scored.numel() > 1 else 0.0,
+        "reward/unscorable": int(torch.isnan(rewards).sum()),
+    }
+    for name, values in rollout.rewards_per_fn.items():
+        valid = [v for v in values if v is not None]
+        metrics[f"reward/{name}/mean"] = sum(valid) / len(valid) if valid else math.nan
+    metrics["advantage/zero_std_frac"] = zero_std_fraction(rewards, rollout.group_ids)
+    for key in ("kl", "clip/frac", "entropy", "loss", "grad_norm"):
+        metrics[key] = sum(u[key] for u in updates) / len(updates)
+    metrics["completion/len_mean"] = lengths.mean().item()
+    metrics["completion/truncated_frac"] = rollout.truncated.float().mean().item()
+    metrics["time/sample_s"], metrics["time/update_s"] = sample_s, update_s
+    metrics["time/step_s"] = sample_s + update_s
+    metrics["tokens/s"] = lengths.sum().item() / (sample_s + update_s)
+    return metrics
+
+
+def sample_records(rollout, step: int) -> list[dict]:
+    return [{"step": step, "group": int(g), "prompt": p, "completion": comp,
+             "reward": None if math.isnan(r) else r, "advantage": a}
+            for p, comp, g, r, a in zip(rollout.prompts, rollout.completions, rollout.group_ids.tolist(),
+                                        rollout.rewards.tolist(), rollout.advantages.tolist())]
+
+
+def progress_line(step: int, steps: int, m: dict, accuracy: float, elapsed: float) -> str:
+    left = elapsed / step * (steps - step)
+    return (f"step {step}/{steps}  reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  "
+            f"eval/accuracy {accuracy:.3f}  {m['time/step_s']:.2f}s/step  "
+            f"{int(left // 60)}m{int(left % 60):02d}s left")

@@ -1,0 +1,85 @@
+"""The policy update: micro-batching, the batch-wide loss weights, the optimizer step.
+
+The aggregation weights are computed once for the whole batch, then each micro-batch contributes
+`sum(weights * term)` over its rows, so accumulating micro-batches reproduces the whole-batch loss
+and gradient exactly (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpo.loss import AGGREGATIONS, clipped_surrogate_loss
+from grpo.models import token_logprobs
+from grpo.rollout import Rollout
+
+
+def micro_batches(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def logprobs_of(model, rollout: Rollout, micro_batch_size: int) -> torch.Tensor:
+    """Per-token log-probs [N, T] of the rollout's completions under `model`, without gradient."""
+    T = rollout.completion_ids.shape[1]
+    parts = []
+    for rows in micro_batches(len(rollout), micro_batch_size):
+        part = rollout.rows(rows)
+        logp, _ = token_logprobs(model, part.input_ids, part.attention_mask, T)
+        parts.append(logp)
+    return torch.cat(parts) * rollout.completion_mask
+
+
+def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str):
+    """Linear warmup from 0, then constant or cosine decay to 0 at `total_steps`."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        if schedule == "cosine":
+            progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int, beta: float,
+                         eps_low: float, eps_high: float, aggregation: str = "sequence_mean"
+                         ) -> dict[str, float]:
+    """Backward the whole batch's loss in micro-batches; return the loss and token-mean diagnostics."""
+    T = rollout.completion_ids.shape[1]
+    weights = AGGREGATIONS[aggregation](rollout.completion_mask)  # [N, T], once per batch
+    totals: dict[str, float] = {"loss": 0.0, "tokens": 0.0, "clip": 0.0, "kl": 0.0, "ratio": 0.0,
+                                "entropy": 0.0}
+    for rows in micro_batches(len(rollout), micro_batch_size):
+        part = rollout.rows(rows)
+        logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
+                                       with_entropy=True)
+        loss, stats = clipped_surrogate_loss(
+            logp, part.old_logprobs if part.old_logprobs is not None else logp.detach(),
+            part.ref_logprobs, part.advantages, part.completion_mask, weights[rows],
+            beta=beta, eps_low=eps_low, eps_high=eps_high)
+        loss.backward()
+        totals["loss"] += loss.item()
+        for key, value in stats.items():
+            totals[key] += value.item()
+        totals["entropy"] += (entropy.detach() * part.completion_mask).sum().item()
+    tokens = max(totals.pop("tokens"), 1.0)
+    return {"loss": totals["loss"], "kl": totals["kl"] / tokens, "clip/frac": totals["clip"] / tokens,
+            "ratio/mean": totals["ratio"] / tokens, "entropy": totals["entropy"] / tokens}
+
+
+def optimizer_step(policy, optimizer, scheduler, max_grad_norm: float) -> float:
+    """Clip, step, zero; return the gradient norm before clipping."""
+    params = [p for p in policy.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
