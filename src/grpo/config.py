@@ -2,7 +2,7 @@
 
 Every key is unique across the sections, so a YAML file and `key=value` overrides stay flat:
 `grpo train run.yaml group_size=16 lr=1e-5`. The defaults are the built-in demo: a tiny model, cold
-start on the addition task's demonstrations, then GRPO. The string under each field is its help
+start on the `largest` task's demonstrations, then GRPO. The string under each field is its help
 text; `grpo train --help` reads it from here.
 """
 
@@ -37,8 +37,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: str = "addition"
-    """Built-in task (addition, countdown) used when `dataset` is empty; it brings its own reward."""
+    task: str = "largest"
+    """Built-in task (largest, addition, countdown) used when `dataset` is empty; brings its own reward."""
     dataset: str = ""
     """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
     eval_dataset: str = ""
@@ -89,8 +89,8 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 2e-4
-    """AdamW learning rate after warmup."""
+    lr: float = 5e-4
+    """AdamW learning rate after warmup (the demo's tiny model; pretrained models want about 1e-6)."""
     lr_schedule: str = "constant"
     """After warmup: `constant` or `cosine` (decays to 0 at the last step)."""
     warmup_steps: int = 0
@@ -107,9 +107,9 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    steps: int = 60
+    steps: int = 200
     """GRPO steps (each: sample, score, normalize, mu updates)."""
-    sft_steps: int = 30
+    sft_steps: int = 10
     """Cold-start supervised steps on the task's demonstrations before GRPO; 0 skips it."""
     sft_lr: float = 1e-3
     """Learning rate of the cold-start supervised steps."""
@@ -117,7 +117,7 @@ class RunConfig:
     """Examples per cold-start supervised step."""
     ref_reset_every: int = 0
     """Steps per outer iteration: the reference model becomes the current policy this often; 0 never."""
-    eval_every: int = 10
+    eval_every: int = 20
     """Evaluate on held-out prompts every this many steps, and at step 0 and the end; 0 turns it off."""
     save_every: int = 0
     """Write `checkpoints/step-N/` this often; 0 only writes `final/`."""

@@ -11,6 +11,7 @@ from typing import Callable
 
 from grpo.tasks.addition import AdditionTask
 from grpo.tasks.countdown import CountdownTask
+from grpo.tasks.largest import LargestTask
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class TaskSpec:
 
 TASKS: dict[str, TaskSpec] = {
     "addition": TaskSpec("addition", AdditionTask, "a+b= with two-digit numbers; answer the sum"),
+    "largest": TaskSpec("largest", LargestTask, "the largest of four distinct digits"),
     "countdown": TaskSpec("countdown", CountdownTask,
                           "reach a target from three numbers with + - * /, each used once"),
 }
