@@ -6,6 +6,7 @@ Kept apart from `train.py` so the loop there reads like Algorithm 1.
 from __future__ import annotations
 
 import random
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,15 +34,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_model(config: TrainConfig, run_dir: Path) -> str:
-    """The model path; `tiny` builds a fresh tiny model inside the run directory."""
+def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:
+    """The model path; `tiny` builds a fresh tiny model in the run directory (or a temporary one)."""
     name = config.model.model
     if name == "tiny":
-        return str(build_tiny(run_dir / "base_model", seed=config.run.seed))
+        where = run_dir / "base_model" if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-tiny-"))
+        return str(build_tiny(where, seed=config.run.seed))
     return name
 
 
-def load_model_and_tokenizer(config: TrainConfig, run_dir: Path):
+def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
     path = resolve_model(config, run_dir)
     try:
         tokenizer = load_tokenizer(path, config.model.chat_template)

@@ -107,7 +107,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    steps: int = 200
+    steps: int = 300
     """GRPO steps (each: sample, score, normalize, mu updates)."""
     sft_steps: int = 10
     """Cold-start supervised steps on the task's demonstrations before GRPO; 0 skips it."""
@@ -182,9 +182,9 @@ def field_docs() -> dict[str, str]:
 
 
 def _unknown(key: str) -> ConfigError:
-    near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.5)
-    hint = f"; did you mean '{near[0]}'?" if near else "; `grpo train --help` lists the keys"
-    return ConfigError(f"unknown config key '{key}'{hint}")
+    near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.0)
+    return ConfigError(f"unknown config key '{key}'; the nearest valid key is '{near[0]}' "
+                       "(`grpo train --help` lists them all)")
 
 
 def _coerce(key: str, value, hint):

@@ -37,7 +37,7 @@ from grpo.update import accumulate_gradients, logprobs_of, make_optimizer, make_
 @dataclass
 class RunResult:
     run_dir: Path
-    metrics: list[dict]
+    history: list[dict]
     policy: torch.nn.Module
     tokenizer: object
 
@@ -50,10 +50,11 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         torch.set_num_threads(c.run.threads)
     build.seed_everything(c.run.seed)
     run_dir = Path(c.run.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(c))
     data = build.load_data(c, reward_fns)
-    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir)
+    if write_files:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(c))
+    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
     tracker = RunTracker(run_dir) if write_files else NullTracker()
     history: list[dict] = []
 
@@ -170,6 +171,8 @@ def step_metrics(rollout, updates: list[dict], data: build.Data, *, sample_s: fl
     for key in ("kl", "clip/frac", "entropy", "loss", "grad_norm"):
         metrics[key] = sum(u[key] for u in updates) / len(updates)
     metrics["completion/len_mean"] = lengths.mean().item()
+    metrics["tokens/completion"] = int(lengths.sum())
+    metrics["tokens/prompt"] = int(rollout.prompt_mask.sum())
     metrics["completion/truncated_frac"] = rollout.truncated.float().mean().item()
     metrics["time/sample_s"], metrics["time/update_s"] = sample_s, update_s
     metrics["time/step_s"] = sample_s + update_s

@@ -1,0 +1,133 @@
+"""The `grpo` command: train, sft, eval, explain, bench, report.
+
+    grpo train [CONFIG.yaml] [key=value ...]    GRPO (no arguments: the built-in demo)
+    grpo sft   [CONFIG.yaml] [key=value ...]    cold-start supervised tuning only
+    grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model, greedy
+    grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
+    grpo explain                                the algorithm, presets, rewards and tasks
+    grpo report RUN_DIR                         plots of a finished or running run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+USAGE = __doc__.split("\n\n", 1)[1]
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """An optional leading YAML path, then key=value overrides."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _config(args: list[str]):
+    from grpo.config import load_config
+    path, overrides = _split_args(args)
+    return load_config(path, overrides)
+
+
+def cmd_train(args: list[str]) -> None:
+    from grpo.train import train
+    config = _config(args)
+    result = train(config)
+    print(f"run directory: {result.run_dir}  (metrics.jsonl, curves.png, final/)")
+
+
+def cmd_sft(args: list[str]) -> None:
+    from grpo import build
+    from grpo.checkpoint import save_model_dir
+    from grpo.train import cold_start
+    from pathlib import Path
+    config = _config(args)
+    if not config.run.sft_steps:
+        raise build.ConfigError("config key 'sft_steps' is 0: nothing to tune")
+    run_dir = Path(config.run.output_dir)
+    data = build.load_data(config)
+    policy, tokenizer = build.load_model_and_tokenizer(config, run_dir)
+    cold_start(config, policy, tokenizer, data, print)
+    path = save_model_dir(policy, tokenizer, run_dir / "final")
+    print(f"model directory: {path}")
+
+
+def cmd_eval(args: list[str]) -> None:
+    from grpo import build
+    from grpo.sampling import HFSampler
+    from grpo.train import evaluate
+    config = _config(args)
+    data = build.load_data(config)
+    if not data.eval_rows:
+        raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
+    policy, tokenizer = build.load_model_and_tokenizer(config, None)
+    sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
+    results: list[dict] = []
+    evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0)
+    print(json.dumps(results[0]))
+
+
+def cmd_bench(args: list[str]) -> None:
+    from grpo.bench import main
+    main(_config(args))
+
+
+def cmd_report(args: list[str]) -> None:
+    from grpo.report import write_report
+    if len(args) != 1:
+        raise SystemExit("usage: grpo report RUN_DIR")
+    print(write_report(args[0]))
+
+
+def cmd_explain(args: list[str]) -> None:
+    from grpo.explain import explain
+    print(explain())
+
+
+COMMANDS = {"train": cmd_train, "sft": cmd_sft, "eval": cmd_eval, "bench": cmd_bench,
+            "report": cmd_report, "explain": cmd_explain}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"grpo: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
+        return 2
+    if command not in ("report", "explain") and any(a in ("-h", "--help") for a in rest):
+        from grpo.config import help_text
+        print(f"usage: grpo {command} [CONFIG.yaml] [key=value ...]\n\nkeys (defaults are the demo's):\n")
+        print(help_text())
+        return 0
+    _quiet_libraries()
+    from grpo.build import ConfigError
+    from grpo.data import DataError
+    from grpo.rewards import RewardError
+    try:
+        COMMANDS[command](rest)
+    except (ConfigError, DataError, RewardError) as e:
+        print(f"grpo {command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"grpo {command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

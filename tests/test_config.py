@@ -1,0 +1,81 @@
+import dataclasses
+
+import pytest
+
+from grpo.config import (KEYS, ConfigError, TrainConfig, build_config, field_docs, help_text,
+                         load_config)
+
+
+def test_defaults_are_the_demo():
+    c = build_config({})
+    assert c.model.model == "tiny" and c.data.task == "largest" and c.run.sft_steps > 0
+
+
+def test_overrides_are_typed():
+    c = load_config(None, ["group_size=4", "lr=1e-5", "rewards=[math_accuracy,think_format]",
+                           "reward_weights=[1,0.5]", "beta=0"])
+    assert c.sampling.group_size == 4
+    assert c.optim.lr == 1e-5
+    assert c.reward.rewards == ["math_accuracy", "think_format"]
+    assert c.reward.reward_weights == [1.0, 0.5]
+    assert c.loss.beta == 0.0
+
+
+def test_config_is_frozen():
+    c = build_config({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.sampling.group_size = 3
+
+
+def test_unknown_key_names_it_and_the_nearest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'group_sise'.*'group_size'"):
+        load_config(None, ["group_sise=4"])
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("group_size=four", "config key 'group_size' expects an integer"),
+    ("lr=fast", "config key 'lr' expects a number"),
+    ("group_size=0", "config key 'group_size' must be at least 1"),
+    ("temperature=0", "config key 'temperature' must be above 0"),
+    ("lr_schedule=linear", "config key 'lr_schedule' must be constant or cosine"),
+    ("algorithm=ppo", "config key 'algorithm': unknown preset"),
+    ("reward_weights=[1,2]", "config key 'reward_weights' has 2 weights for 0 reward functions"),
+])
+def test_bad_values_name_the_key(arg, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [arg])
+
+
+def test_yaml_file_and_override_order(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("group_size: 6\nlr: 3.0e-4\n")
+    c = load_config(str(f), ["group_size=2"])
+    assert c.sampling.group_size == 2 and c.optim.lr == 3e-4
+
+
+def test_yaml_error_names_file_and_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("group_size: 6\nlr: [1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_config(str(f))
+
+
+def test_yaml_unknown_key(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("gruop_size: 6\n")
+    with pytest.raises(ConfigError, match="unknown config key 'gruop_size'"):
+        load_config(str(f))
+
+
+def test_every_key_has_a_docstring_and_appears_in_help():
+    docs = field_docs()
+    text = help_text()
+    for key in KEYS:
+        assert docs.get(key), f"{key} has no docstring"
+        assert f"  {key}=" in text
+
+
+def test_flat_round_trip():
+    c = build_config({"group_size": 3, "rewards": ["think_format"]})
+    assert build_config(c.flat()) == c
+    assert isinstance(c, TrainConfig)

@@ -1,0 +1,24 @@
+"""The README's Python example runs as written, and its two commands stay the first thing in it."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_python_example_runs(tmp_path, monkeypatch, capsys):
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "runs" / "mine" / "final" / "config.json").is_file()
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert float(printed) <= 1.0
+
+
+def test_first_commands_are_demo_then_tests():
+    block = re.search(r"```bash\n(.*?)```", README.read_text(), re.DOTALL).group(1)
+    commands = [line for line in block.splitlines() if line and not line.startswith("#")]
+    assert commands[0].endswith("grpo train")
+    assert commands[1].endswith("python -m pytest -q")
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci

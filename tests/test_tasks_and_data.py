@@ -1,0 +1,85 @@
+import json
+
+import pytest
+
+from grpo.data import DataError, PromptStream, columns_of, format_prompt, load_rows
+from grpo.models import build_tiny_tokenizer
+from grpo.rewards import countdown_equation, exact_answer
+from grpo.tasks import TASKS, get_task
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_task_splits_are_disjoint_and_fixed(name):
+    task = get_task(name)
+    train, held = task.train_rows(seed=0), task.eval_rows()
+    assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
+    assert [r["prompt"] for r in task.eval_rows()] == [r["prompt"] for r in held]
+    # another seed reorders the same training split
+    assert sorted(r["prompt"] for r in task.train_rows(seed=1)) == sorted(r["prompt"] for r in train)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_demonstrations_earn_full_reward(name):
+    task = get_task(name)
+    rows = task.eval_rows()[:50]
+    demos = [task.demonstration(r) for r in rows]
+    fn = {"exact_answer": exact_answer, "countdown_equation": countdown_equation}[task.rewards[0]]
+    assert fn([r["prompt"] for r in rows], demos, **columns_of(rows, 1)) == [1.0] * len(rows)
+
+
+def test_largest_rows():
+    row = get_task("largest").eval_rows()[0]
+    digits = [int(d) for d in row["prompt"].removeprefix("largest of ").removesuffix(":").split()]
+    assert len(set(digits)) == 4 and row["answer"] == str(max(digits))
+
+
+def test_gsm8k_jsonl_loads_as_is(tmp_path):
+    f = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    out = load_rows(str(f), "question", "answer")
+    assert out == [{"prompt": rows[0]["question"], "answer": "3+4=7\n#### 7"}]
+
+
+def test_csv_and_parquet_with_custom_columns(tmp_path):
+    import pandas  # datasets depends on pandas
+    table = pandas.DataFrame({"q": ["1+1=", "2+2="], "gold": ["2", "4"], "level": [1, 2]})
+    table.to_csv(tmp_path / "d.csv", index=False)
+    table.to_parquet(tmp_path / "d.parquet")
+    for name in ("d.csv", "d.parquet"):
+        out = load_rows(str(tmp_path / name), "q", "gold")
+        assert [r["prompt"] for r in out] == ["1+1=", "2+2="]
+        assert [str(r["answer"]) for r in out] == ["2", "4"]
+        assert [r["level"] for r in out] == [1, 2]
+
+
+def test_missing_prompt_column_is_named(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"text": "hi", "answer": "1"}))
+    with pytest.raises(DataError, match="no prompt column 'question'.*prompt_column=NAME"):
+        load_rows(str(f), "question", "answer")
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(DataError, match="dataset file not found: .*nope.jsonl"):
+        load_rows(str(tmp_path / "nope.jsonl"), "question", "answer")
+
+
+def test_chat_template_used_only_when_asked():
+    tok = build_tiny_tokenizer()
+    assert format_prompt(tok, "2+2=", "auto") == "2+2="  # no template: the prompt as it is
+    tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    assert format_prompt(tok, "2+2=", "auto", "Be brief.") == "<system>Be brief.<user>2+2=<assistant>"
+    assert format_prompt(tok, "2+2=", "none") == "2+2="
+
+
+def test_prompt_stream_visits_every_row_each_pass():
+    stream = PromptStream([{"prompt": str(i)} for i in range(5)], seed=0)
+    first = [r["prompt"] for r in stream.next_batch(5)]
+    second = [r["prompt"] for r in stream.next_batch(5)]
+    assert sorted(first) == sorted(second) == ["0", "1", "2", "3", "4"]
+
+
+def test_columns_repeat_per_group_member():
+    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]
+    assert columns_of(rows, 3) == {"answer": ["1", "1", "1", "2", "2", "2"]}

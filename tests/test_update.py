@@ -1,0 +1,165 @@
+"""The policy update: micro-batching must not change the loss or the gradient; the LR schedules."""
+
+import math
+
+import pytest
+import torch
+
+from grpo.models import build_tiny, load_policy, load_tokenizer
+from grpo.rollout import Rollout
+from grpo.sampling import completion_lengths, mask_from_lengths
+from grpo.update import accumulate_gradients, logprobs_of, make_scheduler, micro_batches
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # One thread: a model this small is faster that way, and it keeps these tests fast when the CPU
+    # is shared (two threads contending with another process made them 6x slower).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    path = build_tiny(tmp_path_factory.mktemp("tiny"), hidden_size=32, layers=2, heads=2)
+    yield load_policy(str(path)), load_tokenizer(str(path))
+    torch.set_num_threads(threads)
+
+
+# Completion texts per row; the EOS (or its absence: truncated) decides each row's length.
+COMPLETIONS = ["12+3=", "7", "no", "<think>x</think>", "", "abcdefg"]
+WITH_EOS = [False, True, True, True, True, False]
+T = 5
+
+
+def make_rollout(tok) -> Rollout:
+    """Six rows (two prompts of different lengths, group size 3), completions of lengths 5,2,3,4,1,5."""
+    prompts = ["ab", "hello"]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    rows = []
+    for text, eos in zip(COMPLETIONS, WITH_EOS):
+        ids = tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else [])
+        ids = ids[:T]
+        rows.append(ids + [tok.pad_token_id] * (T - len(ids)))
+    completion_ids = torch.tensor(rows)
+    lengths = completion_lengths(completion_ids, tok.eos_token_id)
+    completion_mask = mask_from_lengths(lengths, T)
+    return Rollout(
+        prompts=[p for p in prompts for _ in range(3)], completions=COMPLETIONS,
+        group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
+        prompt_ids=enc.input_ids.repeat_interleave(3, 0),
+        prompt_mask=enc.attention_mask.repeat_interleave(3, 0),
+        completion_ids=completion_ids, completion_mask=completion_mask,
+        sampler_logprobs=torch.zeros(6, T), truncated=torch.tensor([not e for e in WITH_EOS]),
+    )
+
+
+def test_hand_built_rollout_has_the_intended_lengths(tiny):
+    _, tok = tiny
+    r = make_rollout(tok)
+    # "12+3=" 5 chars, no EOS -> 5; "7"+EOS -> 2; "no"+EOS -> 3; "<think>" "x" "</think>" are 3
+    # tokens +EOS -> 4; ""+EOS -> 1; "abcdefg" cut to 5, no EOS -> 5
+    assert r.completion_mask.sum(-1).tolist() == [5, 2, 3, 4, 1, 5]
+    # prompts left-padded: "ab" gets 3 pads before it, "hello" none
+    assert r.prompt_mask[0].tolist() == [0, 0, 0, 1, 1]
+    assert r.prompt_mask[3].tolist() == [1, 1, 1, 1, 1]
+
+
+def grads_and_stats(policy, rollout, micro_batch_size, **kw):
+    policy.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, **kw)
+    grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
+    policy.zero_grad(set_to_none=True)
+    return grads, stats
+
+
+def test_micro_batching_leaves_loss_and_gradient_unchanged(tiny):
+    policy, tok = tiny
+    rollout = make_rollout(tok)
+    gen = torch.Generator().manual_seed(0)
+    current = logprobs_of(policy, rollout, micro_batch_size=6)
+    mask = rollout.completion_mask
+    # old log-probs off by N(0, 0.3) so ratios differ from 1 (some beyond 0.8 / 1.28); ref off too
+    rollout.old_logprobs = (current + 0.3 * torch.randn(current.shape, generator=gen)) * mask
+    rollout.ref_logprobs = (current + 0.2 * torch.randn(current.shape, generator=gen)) * mask
+    rollout.advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, -0.4])
+    kw = dict(beta=0.04, eps_low=0.2, eps_high=0.28)
+
+    whole_grads, whole = grads_and_stats(policy, rollout, 6, **kw)
+    scale = max(g.abs().max().item() for g in whole_grads.values())
+    assert scale > 1e-3  # the gradient is not trivially zero
+    assert 0 < whole["clip/frac"] < 1  # some tokens clipped, some not: both branches exercised
+    for size in (4, 2, 1):
+        grads, stats = grads_and_stats(policy, rollout, size, **kw)
+        assert grads.keys() == whole_grads.keys()
+        for name, g in grads.items():
+            torch.testing.assert_close(g, whole_grads[name], rtol=1e-5, atol=1e-6 * scale,
+                                       msg=lambda m: f"micro_batch_size={size}, {name}: {m}")
+        for key in ("loss", "kl", "clip/frac", "ratio/mean", "entropy"):
+            assert stats[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), (size, key)
+
+
+def test_on_policy_loss_is_minus_mean_advantage(tiny):
+    # With no old log-probs (mu = 1) the ratio is exactly 1 and, with beta = 0, every token's term is
+    # A_i: the per-sequence mean is A_i and the loss is -mean(A) = -(1 - .5 + .3 - 1.2 + .8 + .6)/6
+    # = -1/6 = -0.1666667, for any micro-batch size. ratio/mean is 1, nothing clipped, kl 0.
+    policy, tok = tiny
+    rollout = make_rollout(tok)
+    rollout.advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.6])
+    for size in (6, 4, 1):
+        _, stats = grads_and_stats(policy, rollout, size, beta=0.0, eps_low=0.2, eps_high=0.2)
+        assert stats["loss"] == pytest.approx(-1 / 6, abs=1e-6)
+        assert stats["ratio/mean"] == pytest.approx(1.0, abs=1e-6)
+        assert stats["clip/frac"] == 0.0
+        assert stats["kl"] == 0.0
+
+
+def test_logprobs_of_is_independent_of_micro_batch_size_and_zero_on_padding(tiny):
+    policy, tok = tiny
+    rollout = make_rollout(tok)
+    whole = logprobs_of(policy, rollout, 6)
+    for size in (4, 1):
+        torch.testing.assert_close(logprobs_of(policy, rollout, size), whole, rtol=1e-5, atol=1e-6)
+    assert (whole[rollout.completion_mask == 0] == 0).all()
+    assert (whole[rollout.completion_mask == 1] < 0).all()
+
+
+def test_micro_batches_cover_all_rows():
+    # 7 rows in pieces of 3: [0,3) [3,6) [6,7)
+    assert micro_batches(7, 3) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    assert micro_batches(6, 6) == [slice(0, 6)]
+
+
+# ------------------------------------------------------------------------------------ schedules
+
+def lr_factors(warmup, total, schedule, steps):
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1.0)
+    sched = make_scheduler(opt, warmup, total, schedule)
+    factors = []
+    for _ in range(steps):
+        factors.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return factors
+
+
+def test_warmup_then_constant():
+    # warmup 3: factor (step+1)/(3+1) = .25, .5, .75 for steps 0..2, then 1.0 for good
+    assert lr_factors(3, 10, "constant", 8) == pytest.approx(
+        [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0], abs=1e-12)
+
+
+def test_constant_without_warmup():
+    assert lr_factors(0, 5, "constant", 4) == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_warmup_then_cosine_to_zero():
+    # warmup 2, total 6: steps 0, 1 -> 1/3, 2/3; then progress p = (step - 2)/4 and factor
+    # 0.5 (1 + cos(pi p)): p = 0 -> 1; 1/4 -> 0.8535534; 1/2 -> 0.5; 3/4 -> 0.1464466; 1 -> 0,
+    # and it stays 0 after total_steps (progress is capped at 1).
+    assert lr_factors(2, 6, "cosine", 9) == pytest.approx(
+        [1 / 3, 2 / 3, 1.0, 0.8535534, 0.5, 0.1464466, 0.0, 0.0, 0.0], abs=1e-7)
+
+
+def test_cosine_without_warmup_reaches_zero_at_total_steps():
+    # total 4: 0.5 (1 + cos(pi k/4)) for k = 0..4 -> 1, 0.8535534, 0.5, 0.1464466, 0
+    factors = lr_factors(0, 4, "cosine", 5)
+    assert factors == pytest.approx([1.0, 0.8535534, 0.5, 0.1464466, 0.0], abs=1e-7)
+    assert factors[-1] == pytest.approx(0.0, abs=1e-15)
