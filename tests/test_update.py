@@ -5,20 +5,20 @@ import math
 import pytest
 import torch
 
-from grpo.models import build_tiny, load_policy, load_tokenizer
+from grpo.models import load_policy, load_tokenizer
 from grpo.rollout import Rollout
 from grpo.sampling import completion_lengths, mask_from_lengths
 from grpo.update import accumulate_gradients, logprobs_of, make_scheduler, micro_batches
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tiny_model_dir):
     # One thread: a model this small is faster that way, and it keeps these tests fast when the CPU
     # is shared (two threads contending with another process made them 6x slower).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    path = build_tiny(tmp_path_factory.mktemp("tiny"), hidden_size=32, layers=2, heads=2)
-    yield load_policy(str(path)), load_tokenizer(str(path))
+    # tiny_model_dir (conftest): build_tiny(..., hidden_size=32, layers=2, heads=2), built once
+    yield load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     torch.set_num_threads(threads)
 
 

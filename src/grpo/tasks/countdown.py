@@ -30,13 +30,15 @@ class CountdownTask:
     name = "countdown"
     rewards = ["countdown_equation"]
 
-    def __init__(self, count: int = 3, high: int = 9, train_size: int = 20000, eval_size: int = 500):
+    def __init__(self, count: int = 3, high: int = 20, train_size: int = 10000, eval_size: int = 500):
         self.count, self.high = count, high
         self.train_size, self.eval_size = train_size, eval_size
 
     def _rows(self, seed: int, size: int, exclude: set) -> list[dict]:
         rng, rows, seen = random.Random(seed), [], set(exclude)
-        while len(rows) < size:
+        for _ in range(size * 100):  # bounded: a small number range has few distinct problems
+            if len(rows) == size:
+                break
             problem = _make_problem(rng, self.count, self.high)
             if problem is None:
                 continue

@@ -1,0 +1,250 @@
+"""Reward functions, how they combine, and the completion masks the rewards' tokens are counted by."""
+
+import math
+
+import pytest
+import torch
+
+from grpo.rewards import (REWARDS, RewardError, countdown_equation, exact_answer, get_reward,
+                          math_accuracy, score, think_format)
+from grpo.sampling import completion_lengths, mask_from_lengths
+
+
+def one(fn, completion, **columns):
+    """Score a single completion; columns are given as scalars."""
+    return fn(["prompt"], [completion], **{k: [v] for k, v in columns.items()})[0]
+
+
+# --------------------------------------------------------------------------------- math_accuracy
+
+@pytest.mark.parametrize("completion, gold", [
+    ("so the result is \\boxed{19}", "19"),
+    ("reasoning... so the answer is 72", "some reasoning\n#### 72"),   # GSM8K gold, last number
+    ("the answer is 72.", "72"),                                      # sentence full stop
+    ("1/2", "0.5"),
+    ("\\boxed{1/2}", "\\boxed{\\frac{1}{2}}"),
+    ("\\boxed{0.5}", "\\boxed{\\frac{1}{2}}"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("<answer>19</answer>", "19"),
+    ("it costs 1000 dollars", "#### 1,000"),                          # GSM8K thousands separator
+    ("it costs 1,000 dollars", "1000"),
+    ("\\boxed{19}", 19),                                              # a non-string gold column
+])
+def test_math_accuracy_correct(completion, gold):
+    assert one(math_accuracy, completion, answer=gold) == 1.0
+
+
+@pytest.mark.parametrize("completion, gold", [
+    ("\\boxed{18}", "19"),
+    ("so the answer is 73", "some reasoning #### 72"),
+    ("\\boxed{0.4}", "\\boxed{\\frac{1}{2}}"),
+    ("I have no idea", "19"),                                         # nothing to extract
+    ("\\boxed{19} ... \\boxed{20}", "19"),                            # the last boxed counts
+])
+def test_math_accuracy_wrong(completion, gold):
+    assert one(math_accuracy, completion, answer=gold) == 0.0
+
+
+def test_math_accuracy_unscorable_gold_is_none_row_by_row():
+    # Gold None, a gold with no answer in it, and an empty gold cannot be scored -> None;
+    # the row with a real gold next to them is still scored.
+    out = math_accuracy(["p"] * 4, ["\\boxed{3}"] * 4, answer=[None, "no answer here", "", "3"])
+    assert out == [None, None, None, 1.0]
+
+
+@pytest.mark.xfail(strict=True, reason="src bug: a bare LaTeX gold like \\frac{1}{2} is reduced to "
+                                       "its last number (2) by extract_answer's fallback")
+def test_math_accuracy_bare_latex_gold():
+    # The module docstring: "\frac{1}{2}, 0.5 and 1/2 agree" and golds "may be bare values".
+    assert one(math_accuracy, "1/2", answer="\\frac{1}{2}") == 1.0
+    assert one(math_accuracy, "\\boxed{2}", answer="\\frac{1}{2}") == 0.0  # 2 is not 1/2
+
+
+# ---------------------------------------------------------------------------------- exact_answer
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<answer>19</answer>", 1.0),
+    (" 19 ", 1.0),                                 # whole completion, stripped
+    ("<think>maybe 18</think><answer> 19 </answer>", 1.0),
+    ("<answer>18</answer> then <answer>19</answer>", 1.0),  # the last tag counts
+    ("190", 0.0),
+    ("<answer>190</answer>", 0.0),
+    ("the answer is 19", 0.0),                     # strict: no extraction without tags
+])
+def test_exact_answer(completion, expected):
+    assert one(exact_answer, completion, answer="19") == expected
+
+
+def test_exact_answer_non_string_gold():
+    assert one(exact_answer, "<answer>19</answer>", answer=19) == 1.0
+
+
+# ---------------------------------------------------------------------------------- think_format
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<think>2+2 is 4</think><answer>4</answer>", 1.0),         # the R1 template exactly
+    ("<think>\nstep 1\nstep 2\n</think>\n<answer>4</answer>\n", 1.0),  # whitespace between tags
+    ("<think>2+2 is 4</think><answer>4", 0.0),                 # missing </answer>
+    ("<think>2+2 is 4<answer>4</answer>", 0.0),                # missing </think>
+    ("Sure! <think>x</think><answer>4</answer>", 0.0),         # text before
+    ("<think>x</think><answer>4</answer> Done.", 0.0),         # text after
+    ("<think>x</think>so<answer>4</answer>", 0.0),             # text between
+    ("<answer>4</answer>", 0.0),                               # no reasoning block
+    ("<think>x</think><answer>4</answer><answer>5</answer>", 0.0),  # two answers
+    ("<think>a</think><think>b</think><answer>4</answer>", 0.0),    # two think blocks
+])
+def test_think_format(completion, expected):
+    assert one(think_format, completion) == expected
+
+
+# ---------------------------------------------------------------------------- countdown_equation
+
+@pytest.mark.parametrize("completion, numbers, target, expected", [
+    ("(3+5)*2", [3, 5, 2], 16, 1.0),                       # 8*2 = 16, each number once
+    ("<think>try</think><answer>(3 + 5) * 2</answer>", [3, 5, 2], 16, 1.0),
+    ("2*(5+3)", [3, 5, 2], 16, 1.0),                       # any order
+    ("(3+5)*2*2", [3, 5, 2], 32, 0.0),                     # 2 used twice (value 32 is right)
+    ("(3+5)+8", [3, 5, 8], 16, 1.0),                       # a repeated value given twice is fine
+    ("(3+5)*2", [3, 5, 2, 7], 16, 0.0),                    # 7 not used
+    ("3+5+2", [3, 5, 2], 16, 0.0),                         # 10, wrong value
+    ("8/3*6", [8, 3, 6], 16, 1.0),                         # exact fractions: 8/3*6 = 16
+    ("__import__('os')", [3, 5, 2], 16, 0.0),              # not arithmetic
+    ("3**2+5+2", [3, 5, 2], 16, 0.0),                      # ** is not allowed (value 16 anyway)
+    ("3/(5-5)", [3, 5, 5], 16, 0.0),                       # division by zero, no exception
+    ("(3+5", [3, 5], 8, 0.0),                              # syntax error
+])
+def test_countdown_equation(completion, numbers, target, expected):
+    assert one(countdown_equation, completion, numbers=numbers, target=target) == expected
+
+
+# ------------------------------------------------------------------------------ score, registry
+
+def length_reward(prompts, completions, **columns):
+    return [float(len(c)) for c in completions]
+
+
+def is_yes(prompts, completions, **columns):
+    return [None if c == "?" else float(c == "yes") for c in completions]
+
+
+def test_score_is_the_weighted_sum():
+    # completions "yes", "no", "maybe": length [3, 2, 5], is_yes [1, 0, 0]
+    # totals with weights [0.5, 2.0]: [1.5 + 2, 1.0 + 0, 2.5 + 0] = [3.5, 1.0, 2.5]
+    totals, per_fn = score([length_reward, is_yes], [0.5, 2.0], ["p"] * 3, ["yes", "no", "maybe"], {})
+    assert totals == [3.5, 1.0, 2.5]
+    assert per_fn == {"length_reward": [3.0, 2.0, 5.0], "is_yes": [1.0, 0.0, 0.0]}
+
+
+def test_none_from_one_function_makes_the_total_none():
+    # "?" is unscorable for is_yes -> total None even though length_reward scored it (1.0)
+    totals, per_fn = score([length_reward, is_yes], [1.0, 1.0], ["p"] * 2, ["?", "yes"], {})
+    assert totals == [None, 4.0]  # "yes": 3 + 1
+    assert per_fn["length_reward"] == [1.0, 3.0]
+    assert per_fn["is_yes"] == [None, 1.0]
+
+
+def test_columns_reach_the_functions():
+    totals, _ = score([get_reward("exact_answer")], [1.0], ["p"] * 2, ["7", "8"], {"answer": ["7", "7"]})
+    assert totals == [1.0, 0.0]
+
+
+def test_wrong_number_of_values_names_the_function():
+    def short_reward(prompts, completions, **columns):
+        return [1.0]
+
+    with pytest.raises(RewardError, match=r"'short_reward' returned 1 values for 2 completions"):
+        score([short_reward], [1.0], ["p"] * 2, ["a", "b"], {})
+
+
+def test_non_list_return_names_the_function():
+    def scalar_reward(prompts, completions, **columns):
+        return 1.0
+
+    with pytest.raises(RewardError, match="scalar_reward"):
+        score([scalar_reward], [1.0], ["p"], ["a"], {})
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "1.0", True])
+def test_non_finite_or_non_number_names_the_function(bad):
+    def broken_reward(prompts, completions, **columns):
+        return [0.0, bad]
+
+    with pytest.raises(RewardError, match=r"'broken_reward' returned .* for completion 1"):
+        score([broken_reward], [1.0], ["p"] * 2, ["a", "b"], {})
+
+
+def test_reward_error_is_a_value_error():
+    assert issubclass(RewardError, ValueError)
+
+
+def test_get_reward_unknown_name_lists_built_ins():
+    with pytest.raises(RewardError) as info:
+        get_reward("nosuch")
+    message = str(info.value)
+    assert "nosuch" in message
+    for name in ["countdown_equation", "exact_answer", "math_accuracy", "think_format"]:
+        assert name in message
+
+
+def test_get_reward_known_names():
+    assert get_reward("math_accuracy") is math_accuracy
+    assert set(REWARDS) == {"math_accuracy", "exact_answer", "think_format", "countdown_equation"}
+
+
+@pytest.mark.xfail(strict=True, reason="src bug: score() keys rewards by function name, so two "
+                                       "functions with the same __name__ (lambdas, partials) collide")
+def test_two_functions_with_the_same_name_are_both_counted():
+    one_fn = lambda prompts, completions, **c: [1.0] * len(completions)   # noqa: E731
+    two_fn = lambda prompts, completions, **c: [2.0] * len(completions)   # noqa: E731
+    totals, _ = score([one_fn, two_fn], [1.0, 1.0], ["p"], ["a"], {})
+    assert totals == [3.0]  # 1 + 2; the bug gives 2 + 2 = 4
+
+
+# ------------------------------------------------------------------ completion lengths and masks
+
+EOS, PAD = 1, 0
+
+
+def test_lengths_include_the_eos():
+    ids = torch.tensor([
+        [5, 6, EOS, PAD, PAD],   # EOS at index 2 -> length 3
+        [EOS, PAD, PAD, PAD, PAD],  # EOS first -> length 1 (just the EOS)
+        [5, 6, 7, 8, 9],         # no EOS -> full length 5
+        [5, 6, 7, 8, EOS],       # EOS last -> 5
+    ])
+    lengths = completion_lengths(ids, EOS)
+    assert lengths.tolist() == [3, 1, 5, 5]
+    assert lengths.dtype == torch.long
+    assert mask_from_lengths(lengths, 5).tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+    ]
+
+
+def test_pad_equal_to_eos_still_ends_at_the_first_eos():
+    # pad id == eos id: finished rows are padded with more EOS tokens; the mask must cover up to and
+    # including the first one only, not every token equal to the pad id.
+    ids = torch.tensor([
+        [5, 6, EOS, EOS, EOS],   # -> 3
+        [EOS, EOS, EOS, EOS, EOS],  # -> 1
+        [5, 6, 7, 8, 9],         # -> 5
+    ])
+    lengths = completion_lengths(ids, EOS)
+    assert lengths.tolist() == [3, 1, 5]
+    assert mask_from_lengths(lengths, 5).tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1],
+    ]
+
+
+def test_several_eos_ids_first_of_any():
+    # eos ids [1, 2]: row 0 hits 2 at index 1 -> 2; row 1 hits 1 at index 3 -> 4; row 2 none -> 4
+    ids = torch.tensor([[5, 2, 1, 0], [5, 6, 7, 1], [5, 6, 7, 8]])
+    assert completion_lengths(ids, [1, 2]).tolist() == [2, 4, 4]
+
+
+def test_mask_from_lengths_zero_length():
+    assert mask_from_lengths(torch.tensor([0, 2]), 3).tolist() == [[0, 0, 0], [1, 1, 0]]
