@@ -52,8 +52,6 @@ def test_math_accuracy_unscorable_gold_is_none_row_by_row():
     assert out == [None, None, None, 1.0]
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: a bare LaTeX gold like \\frac{1}{2} is reduced to "
-                                       "its last number (2) by extract_answer's fallback")
 def test_math_accuracy_bare_latex_gold():
     # The module docstring: "\frac{1}{2}, 0.5 and 1/2 agree" and golds "may be bare values".
     assert one(math_accuracy, "1/2", answer="\\frac{1}{2}") == 1.0
@@ -191,13 +189,22 @@ def test_get_reward_known_names():
     assert set(REWARDS) == {"math_accuracy", "exact_answer", "think_format", "countdown_equation"}
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: score() keys rewards by function name, so two "
-                                       "functions with the same __name__ (lambdas, partials) collide")
 def test_two_functions_with_the_same_name_are_both_counted():
     one_fn = lambda prompts, completions, **c: [1.0] * len(completions)   # noqa: E731
     two_fn = lambda prompts, completions, **c: [2.0] * len(completions)   # noqa: E731
-    totals, _ = score([one_fn, two_fn], [1.0, 1.0], ["p"], ["a"], {})
-    assert totals == [3.0]  # 1 + 2; the bug gives 2 + 2 = 4
+    totals, per_fn = score([one_fn, two_fn], [1.0, 1.0], ["p"], ["a"], {})
+    assert totals == [3.0]  # 1 + 2, each function counted once
+    assert per_fn == {"<lambda>": [1.0], "<lambda>_2": [2.0]}
+
+
+def test_gsm8k_gold_with_text_after_the_marker():
+    assert one(math_accuracy, "72", answer="reasoning\n#### 72\n\nThe end.") == 1.0
+
+
+@pytest.mark.parametrize("completion", ["<think>a</think></think><answer>4</answer>",
+                                        "<think>a</think><answer>4</answer></answer>"])
+def test_think_format_rejects_repeated_closing_tags(completion):
+    assert one(think_format, completion) == 0.0
 
 
 # ------------------------------------------------------------------ completion lengths and masks
@@ -248,3 +255,14 @@ def test_several_eos_ids_first_of_any():
 
 def test_mask_from_lengths_zero_length():
     assert mask_from_lengths(torch.tensor([0, 2]), 3).tolist() == [[0, 0, 0], [1, 1, 0]]
+
+
+@pytest.mark.parametrize("gold, expected", [
+    ("\\frac{1}{2}", "\\frac{1}{2}"),        # a bare value: taken whole
+    ("x=3", "x=3"),
+    ("The total is 42 apples", "42"),      # prose: its last number
+    ("no answer here", None),              # prose without a number: nothing to compare with
+])
+def test_extract_gold(gold, expected):
+    from grpo.rewards.answers import extract_gold
+    assert extract_gold(gold) == expected

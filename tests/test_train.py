@@ -96,3 +96,13 @@ def test_custom_reward_function_and_dataset(tmp_path):
     result = train(c, reward_fns=[ends_with_answer], log=lambda s: None)
     assert len(seen["answer"]) == 6 and seen["answer"][0] == seen["answer"][2]
     assert "reward/ends_with_answer/mean" in result.history[0]
+
+
+def test_lr_schedule_counts_steps_not_updates(tmp_path):
+    # cosine over 4 steps, mu = 2 updates each: the factor at step k is (1 + cos(pi k / 4)) / 2,
+    # i.e. 1, 0.853553, 0.5, 0.146447, whatever mu is.
+    c = build_config({"steps": 4, "sft_steps": 0, "eval_every": 0, "num_iterations": 2, "lr": 1e-3,
+                      "lr_schedule": "cosine", "prompts_per_step": 2, "group_size": 2,
+                      "output_dir": str(tmp_path)})
+    lrs = [m["lr"] for m in train(c, log=lambda s: None, write_files=False).history]
+    assert lrs == pytest.approx([1e-3, 8.53553e-4, 5e-4, 1.46447e-4], rel=1e-5)

@@ -1,7 +1,5 @@
 """The policy update: micro-batching must not change the loss or the gradient; the LR schedules."""
 
-import math
-
 import pytest
 import torch
 

@@ -102,12 +102,14 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             stats = accumulate_gradients(
                 policy, rollout, micro_batch_size=c.optim.micro_batch_size, beta=c.loss.beta,
                 eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon)
-            stats["grad_norm"] = optimizer_step(policy, optimizer, scheduler, c.optim.max_grad_norm)
+            stats["grad_norm"] = optimizer_step(policy, optimizer, c.optim.max_grad_norm)
             updates.append(stats)
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
         t2 = time.perf_counter()
 
         metrics = step_metrics(rollout, updates, data, sample_s=t1 - t0, update_s=t2 - t1)
-        metrics["lr"] = scheduler.get_last_lr()[0]
+        metrics["lr"] = lr
         record(metrics, step)
         tracker.samples(sample_records(rollout, step))
         if data.eval_rows and c.run.eval_every and (step % c.run.eval_every == 0 or step == c.run.steps):

@@ -38,7 +38,8 @@ def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimiz
 
 
 def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str):
-    """Linear warmup from 0, then constant or cosine decay to 0 at `total_steps`."""
+    """Linear warmup reaching the full rate after `warmup_steps`, then constant or cosine decay to
+    0 at `total_steps`. Stepped once per GRPO step, however many updates (mu) a step makes."""
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / (warmup_steps + 1)
@@ -75,11 +76,10 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int, bet
             "ratio/mean": totals["ratio"] / tokens, "entropy": totals["entropy"] / tokens}
 
 
-def optimizer_step(policy, optimizer, scheduler, max_grad_norm: float) -> float:
+def optimizer_step(policy, optimizer, max_grad_norm: float) -> float:
     """Clip, step, zero; return the gradient norm before clipping."""
     params = [p for p in policy.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     optimizer.step()
-    scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)

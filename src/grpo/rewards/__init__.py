@@ -40,6 +40,18 @@ def reward_name(fn: RewardFn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+def unique_names(fns: list[RewardFn]) -> list[str]:
+    """Each function's name; a repeated name (two lambdas, two partials) gets `_2`, `_3`, ..."""
+    names: list[str] = []
+    for fn in fns:
+        base, name, k = reward_name(fn), reward_name(fn), 1
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.append(name)
+    return names
+
+
 def score(fns: list[RewardFn], weights: list[float], prompts: list[str], completions: list[str],
           columns: dict[str, list]) -> tuple[list[float | None], dict[str, list[float | None]]]:
     """Weighted sum of every function's reward; None where any function could not score a row.
@@ -47,9 +59,9 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     Returns the totals [N] and each function's own rewards by name.
     """
     n = len(completions)
+    names = unique_names(fns)
     per_fn: dict[str, list[float | None]] = {}
-    for fn in fns:
-        name = reward_name(fn)
+    for fn, name in zip(fns, names):
         values = fn(prompts, completions, **columns)
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
@@ -63,7 +75,7 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
         per_fn[name] = [None if v is None else float(v) for v in values]
     totals: list[float | None] = []
     for i in range(n):
-        row = [per_fn[reward_name(fn)][i] for fn in fns]
+        row = [per_fn[name][i] for name in names]
         totals.append(None if any(v is None for v in row)
                       else sum(w * v for w, v in zip(weights, row)))
     return totals, per_fn

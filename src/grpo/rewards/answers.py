@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_GSM8K = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+_GSM8K = re.compile(r"####\s*([^\n]+)")
+_LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_PROSE = re.compile(r"[a-zA-Z]{2,}")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
 
@@ -26,8 +28,8 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer: last \\boxed{}, else last <answer>..</answer>, else `#### n`, else last number."""
+def _marked_answer(text: str) -> str | None:
+    """The answer a writer marked: last \\boxed{}, else last <answer>..</answer>, else `#### n`."""
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed.strip()
@@ -35,35 +37,52 @@ def extract_answer(text: str) -> str | None:
     if tags:
         return tags[-1].strip()
     gsm = _GSM8K.search(text)
-    if gsm:
-        return gsm.group(1).strip()
+    return gsm.group(1).strip() if gsm else None
+
+
+def extract_answer(text: str) -> str | None:
+    """A completion's final answer: the marked one, else the last number in the text."""
+    marked = _marked_answer(text)
+    if marked is not None:
+        return marked
     numbers = _NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
 
 
-def _verify(gold: str, predicted: str) -> bool:
-    from math_verify import parse, verify  # imported here: it takes most of a second to load
+def extract_gold(text: str) -> str | None:
+    """A reference answer: the marked one; else the whole text when it is a bare value such as
+    `\\frac{1}{2}` or `x=3`; else, for prose, its last number."""
+    marked = _marked_answer(text)
+    if marked is not None:
+        return marked
+    if _PROSE.search(_LATEX_COMMAND.sub("", text)):
+        return extract_answer(text)
+    return text.strip() or None
 
-    gold_parsed = parse(f"${gold}$") or parse(gold)
-    pred_parsed = parse(f"${predicted}$") or parse(predicted)
-    if not gold_parsed or not pred_parsed:
-        return False
-    return bool(verify(gold_parsed, pred_parsed))
+
+def _parse(text: str) -> list:
+    from math_verify import parse  # imported here: it takes most of a second to load
+
+    return parse(f"${text}$") or parse(text)
 
 
 def math_accuracy(prompts: list[str], completions: list[str], answer: list, **columns) -> list:
     """1.0 when the completion's final answer equals `answer` (via math-verify), else 0.0.
 
-    None when the gold itself has no answer to compare with (the row cannot be scored).
+    None when the gold itself holds no value to compare with (the row cannot be scored).
     """
+    from math_verify import verify
+
     out: list[float | None] = []
     for completion, gold_text in zip(completions, answer):
-        gold = extract_answer(str(gold_text)) if gold_text is not None else None
-        if not gold:
+        gold = extract_gold(str(gold_text)) if gold_text is not None else None
+        gold_parsed = _parse(gold) if gold else []
+        if not gold_parsed:
             out.append(None)
             continue
         predicted = extract_answer(completion)
-        out.append(1.0 if predicted is not None and _verify(gold, predicted) else 0.0)
+        pred_parsed = _parse(predicted) if predicted else []
+        out.append(1.0 if pred_parsed and verify(gold_parsed, pred_parsed) else 0.0)
     return out
 
 
