@@ -106,3 +106,39 @@ def test_lr_schedule_counts_steps_not_updates(tmp_path):
                       "output_dir": str(tmp_path)})
     lrs = [m["lr"] for m in train(c, log=lambda s: None, write_files=False).history]
     assert lrs == pytest.approx([1e-3, 8.53553e-4, 5e-4, 1.46447e-4], rel=1e-5)
+
+
+def test_reference_resets_each_outer_iteration(tmp_path):
+    # With mu = 1 the KL of a step is measured before its update. Right after the reference is
+    # set to the policy (steps 1 and 3 with ref_reset_every=2) the two agree and k3 is exactly 0;
+    # at step 2 the policy has moved one update away from the reference.
+    c = build_config({"steps": 3, "sft_steps": 0, "eval_every": 0, "ref_reset_every": 2,
+                      "beta": 0.04, "lr": 1e-2, "prompts_per_step": 4, "group_size": 4,
+                      "output_dir": str(tmp_path)})
+    def length(prompts, completions, **columns):  # differs within groups, so every step updates
+        return [float(len(x)) for x in completions]
+    kls = [m["kl"] for m in train(c, reward_fns=[length], log=lambda s: None,
+                                  write_files=False).history]
+    assert kls[0] == 0.0 and kls[1] > 0.0 and kls[2] == 0.0
+
+
+def test_cold_start_from_prompt_completion_pairs(tmp_path):
+    from grpo.build import Data
+    from grpo.models import load_policy, load_tokenizer, build_tiny
+    from grpo.sampling import HFSampler
+    from grpo.train import cold_start
+
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"say {c}:", "completion": c * 3}) for c in "abcd"))
+    c = build_config({"dataset": str(f), "sft_steps": 60, "sft_batch_size": 4, "sft_lr": 3e-3,
+                      "output_dir": str(tmp_path)})
+    from grpo.build import load_data
+    data = load_data(c)
+    assert sorted(data.demonstrations) == [("say a:", "aaa"), ("say b:", "bbb"), ("say c:", "ccc"),
+                                           ("say d:", "ddd")]
+    path = build_tiny(tmp_path / "m", hidden_size=32, layers=2, heads=2)
+    policy, tok = load_policy(str(path)), load_tokenizer(str(path))
+    cold_start(c, policy, tok, data, log=lambda s: None)
+    out = HFSampler(policy, tok, max_new_tokens=6).sample(["say a:", "say d:"], 1, greedy=True)
+    assert out.completions == ["aaa", "ddd"]
+    assert isinstance(data, Data)
