@@ -28,6 +28,7 @@ from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
 from grpo.models import frozen_copy
 from grpo.rewards import RewardFn, score
+from grpo.rollout import Rollout
 from grpo.sampling import HFSampler
 from grpo.sft import supervised_finetune
 from grpo.tracking import NullTracker, RunTracker
@@ -40,6 +41,16 @@ class RunResult:
     history: list[dict]
     policy: torch.nn.Module
     tokenizer: object
+
+
+@dataclass
+class Learner:
+    """What a GRPO step changes or reads: the policy, its frozen reference, sampler and optimizer."""
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None
+    sampler: HFSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
 
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
@@ -64,66 +75,83 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
     if c.run.sft_steps:
         cold_start(c, policy, tokenizer, data, log)
-    ref = frozen_copy(policy) if c.loss.beta > 0 else None
-    sampler = HFSampler(policy, tokenizer, max_new_tokens=c.sampling.max_new_tokens,
-                        temperature=c.sampling.temperature, top_p=c.sampling.top_p)
-    optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
-    scheduler = make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule)
+    learner = make_learner(c, policy, tokenizer)
     stream = PromptStream(data.train_rows, c.run.seed)
-    accuracy = float("nan")
-    if data.eval_rows and c.run.eval_every:
-        accuracy = evaluate(c, sampler, tokenizer, data, record, step=0)
+    evaluating = bool(data.eval_rows and c.run.eval_every)
+    accuracy = math.nan
+    if evaluating:
+        accuracy = evaluate(c, learner.sampler, tokenizer, data, record, step=0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
     started = time.perf_counter()
-
     for step in range(1, c.run.steps + 1):
-        if ref is not None and c.run.ref_reset_every and step > 1 and (step - 1) % c.run.ref_reset_every == 0:
-            ref.load_state_dict(policy.state_dict())  # a new outer iteration: pi_ref <- pi_theta
-        t0 = time.perf_counter()
+        if learner.ref is not None and c.run.ref_reset_every and step > 1 \
+                and (step - 1) % c.run.ref_reset_every == 0:
+            learner.ref.load_state_dict(policy.state_dict())  # new outer iteration: pi_ref <- pi_theta
         rows = stream.next_batch(c.sampling.prompts_per_step)
-        # 1. group sampling
-        rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), c.sampling.group_size)
-        rollout.columns = columns_of(rows, c.sampling.group_size)
-        t1 = time.perf_counter()
-        # 2. rewards
-        totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
-                                               rollout.completions, rollout.columns)
-        rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
-        # 3. advantages within each group
-        rollout.advantages = ADVANTAGES["group_norm"](rollout.rewards, rollout.group_ids,
-                                                      c.loss.advantage_eps)
-        # 4. mu policy updates against the fixed pi_old (and pi_ref)
-        if c.optim.num_iterations > 1:
-            rollout.old_logprobs = logprobs_of(policy, rollout, c.optim.micro_batch_size)
-        if ref is not None:
-            rollout.ref_logprobs = logprobs_of(ref, rollout, c.optim.micro_batch_size)
-        updates = []
-        for _ in range(c.optim.num_iterations):
-            stats = accumulate_gradients(
-                policy, rollout, micro_batch_size=c.optim.micro_batch_size, beta=c.loss.beta,
-                eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon)
-            stats["grad_norm"] = optimizer_step(policy, optimizer, c.optim.max_grad_norm)
-            updates.append(stats)
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
-        t2 = time.perf_counter()
-
-        metrics = step_metrics(rollout, updates, data, sample_s=t1 - t0, update_s=t2 - t1)
-        metrics["lr"] = lr
+        rollout, metrics = grpo_step(c, learner, tokenizer, data, rows)
         record(metrics, step)
         tracker.samples(sample_records(rollout, step))
-        if data.eval_rows and c.run.eval_every and (step % c.run.eval_every == 0 or step == c.run.steps):
-            accuracy = evaluate(c, sampler, tokenizer, data, record, step=step)
+        if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
+            accuracy = evaluate(c, learner.sampler, tokenizer, data, record, step=step)
         if c.run.save_every and step % c.run.save_every == 0 and write_files:
             save_model_dir(policy, tokenizer, run_dir / "checkpoints" / f"step-{step}")
         log(progress_line(step, c.run.steps, metrics, accuracy, time.perf_counter() - started))
-
     if write_files:
         save_model_dir(policy, tokenizer, run_dir / "final")
         tracker.close()
         from grpo.report import write_report
         write_report(run_dir)
     return RunResult(run_dir, history, policy, tokenizer)
+
+
+def make_learner(c: TrainConfig, policy, tokenizer) -> Learner:
+    """The reference (none when beta = 0), the sampler, AdamW and its schedule."""
+    optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
+    return Learner(
+        policy=policy,
+        ref=frozen_copy(policy) if c.loss.beta > 0 else None,
+        sampler=HFSampler(policy, tokenizer, max_new_tokens=c.sampling.max_new_tokens,
+                          temperature=c.sampling.temperature, top_p=c.sampling.top_p),
+        optimizer=optimizer,
+        scheduler=make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule),
+    )
+
+
+def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
+              rows: list[dict]) -> tuple[Rollout, dict]:
+    """One GRPO step on a batch of prompt rows: the four steps of Algorithm 1's inner loop."""
+    t0 = time.perf_counter()
+    # 1. group sampling: G completions per prompt from the current policy
+    rollout = learner.sampler.sample(build.prompt_texts(c, tokenizer, rows), c.sampling.group_size)
+    rollout.columns = columns_of(rows, c.sampling.group_size)
+    t1 = time.perf_counter()
+    # 2. rewards: weighted sum of the reward functions; None (unscorable) becomes NaN
+    totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
+                                           rollout.completions, rollout.columns)
+    rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
+    # 3. advantages: normalized within each group
+    rollout.advantages = ADVANTAGES["group_norm"](rollout.rewards, rollout.group_ids,
+                                                  c.loss.advantage_eps)
+    t2 = time.perf_counter()
+    # 4. mu policy updates against the fixed pi_old and pi_ref
+    mb = c.optim.micro_batch_size
+    if c.optim.num_iterations > 1:
+        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb)
+    if learner.ref is not None:
+        rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb)
+    updates = []
+    for _ in range(c.optim.num_iterations):
+        stats = accumulate_gradients(learner.policy, rollout, micro_batch_size=mb, beta=c.loss.beta,
+                                     eps_low=c.loss.epsilon,
+                                     eps_high=c.loss.epsilon_high or c.loss.epsilon)
+        stats["grad_norm"] = optimizer_step(learner.policy, learner.optimizer, c.optim.max_grad_norm)
+        updates.append(stats)
+    lr = learner.scheduler.get_last_lr()[0]
+    learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
+    t3 = time.perf_counter()
+    metrics = step_metrics(rollout, updates, sample_s=t1 - t0, reward_s=t2 - t1, update_s=t3 - t2)
+    metrics["lr"] = lr
+    return rollout, metrics
 
 
 def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:
@@ -155,7 +183,7 @@ def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, re
     return accuracy
 
 
-def step_metrics(rollout, updates: list[dict], data: build.Data, *, sample_s: float,
+def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, reward_s: float,
                  update_s: float) -> dict:
     """The DESIGN.md metric names, all measured on this step's rollout and updates."""
     rewards = rollout.rewards
@@ -176,9 +204,10 @@ def step_metrics(rollout, updates: list[dict], data: build.Data, *, sample_s: fl
     metrics["tokens/completion"] = int(lengths.sum())
     metrics["tokens/prompt"] = int(rollout.prompt_mask.sum())
     metrics["completion/truncated_frac"] = rollout.truncated.float().mean().item()
-    metrics["time/sample_s"], metrics["time/update_s"] = sample_s, update_s
-    metrics["time/step_s"] = sample_s + update_s
-    metrics["tokens/s"] = lengths.sum().item() / (sample_s + update_s)
+    metrics["time/sample_s"], metrics["time/reward_s"] = sample_s, reward_s
+    metrics["time/update_s"] = update_s
+    metrics["time/step_s"] = step_s = sample_s + reward_s + update_s
+    metrics["tokens/s"] = lengths.sum().item() / step_s  # completion tokens per second of the step
     return metrics
 
 
