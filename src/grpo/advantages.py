@@ -1,12 +1,12 @@
-"""Step 3 of GRPO: turn rewards into advantages within each group (outcome supervision).
+"""Step 3 of GRPO: turn rewards into advantages (outcome supervision), one function per estimator.
 
-A_i = (r_i - mean(r)) / (std(r) + eps) over the scorable members of the group
-(DeepSeekMath, arXiv:2402.03300, section 4.1.2). `std` is the sample standard deviation (Bessel's
-correction), as `torch.std` computes it. Every token of completion i gets A_i.
+Every estimator takes rewards [N] (NaN = unscorable), group ids [N] and eps, and returns
+advantages [N]; every token of completion i gets A_i. Shared rules: rows whose reward is NaN are left
+out of every statistic and get 0; a group whose scorable rewards are all equal, or that has fewer than
+two scorable rows, carries no signal and gets exactly 0. `std` is the sample standard deviation
+(Bessel's correction), as `torch.std` computes it.
 
-Rows whose reward is NaN (no reward function could score them) are left out of their group's mean
-and std and get advantage 0. A group whose scorable rewards are all equal, or that has fewer than two
-scorable rows, carries no signal and gets exactly 0.
+Process supervision (per-step rewards, per-token advantages) has its own function below.
 """
 
 from __future__ import annotations
@@ -16,29 +16,87 @@ from typing import Callable
 import torch
 
 
-def group_normalized(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
-    """rewards [N] (NaN = unscorable), group_ids [N] -> advantages [N]."""
-    advantages = torch.zeros_like(rewards)
+def _groups(rewards: torch.Tensor, group_ids: torch.Tensor):
+    """Yield (row mask, scorable rewards) for each group with contrast, i.e. rewards not all equal."""
     for gid in torch.unique(group_ids):
         rows = (group_ids == gid) & ~torch.isnan(rewards)
         r = rewards[rows]
-        if r.numel() < 2 or bool((r == r[0]).all()):
-            continue  # no contrast inside the group: exactly zero
+        if r.numel() >= 2 and not bool((r == r[0]).all()):
+            yield rows, r
+
+
+def group_normalized(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """GRPO (DeepSeekMath, arXiv:2402.03300, 4.1.2): A = (r - mean_group) / (std_group + eps)."""
+    advantages = torch.zeros_like(rewards)
+    for rows, r in _groups(rewards, group_ids):
         advantages[rows] = (r - r.mean()) / (r.std() + eps)
     return advantages
+
+
+def group_centered(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """Dr. GRPO (arXiv:2503.20783): A = r - mean_group; no std, whose division favours easy and
+    hard questions over middling ones."""
+    advantages = torch.zeros_like(rewards)
+    for rows, r in _groups(rewards, group_ids):
+        advantages[rows] = r - r.mean()
+    return advantages
+
+
+def batch_scaled(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """`scale=batch`: A = (r - mean_group) / (std over the whole step's scorable rewards + eps)."""
+    scorable = rewards[~torch.isnan(rewards)]
+    if scorable.numel() < 2:
+        return torch.zeros_like(rewards)
+    std = scorable.std()
+    advantages = torch.zeros_like(rewards)
+    for rows, r in _groups(rewards, group_ids):
+        advantages[rows] = (r - r.mean()) / (std + eps)
+    return advantages
+
+
+def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): A_i = r_i - mean of the other members'
+    rewards = k/(k-1) * (r_i - mean_group) for k scorable members."""
+    advantages = torch.zeros_like(rewards)
+    for rows, r in _groups(rewards, group_ids):
+        k = r.numel()
+        advantages[rows] = (r * k - r.sum()) / (k - 1)
+    return advantages
+
+
+ADVANTAGES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "group_norm": group_normalized,
+    "group_mean": group_centered,
+    "batch_norm": batch_scaled,
+    "rloo": leave_one_out,
+}
+
+
+def process_supervision(step_rewards: list[list[float]], step_ends: list[list[int]],
+                        group_ids: torch.Tensor, T: int, eps: float) -> torch.Tensor:
+    """DeepSeekMath 4.1.3: per-step rewards -> per-token advantages [N, T].
+
+    step_rewards[i][j] scores the j-th reasoning step of completion i, which ends at token
+    step_ends[i][j]. Rewards are normalized over all steps of all completions of the group,
+    r~ = (r - mean) / (std + eps), and token t's advantage is the sum of r~ over the steps of its
+    completion that end at or after t.
+    """
+    N = len(step_rewards)
+    advantages = torch.zeros(N, T, dtype=torch.float64)
+    for gid in torch.unique(group_ids):
+        members = [i for i in range(N) if int(group_ids[i]) == int(gid)]
+        pooled = torch.tensor([r for i in members for r in step_rewards[i]], dtype=torch.float64)
+        if pooled.numel() < 2 or bool((pooled == pooled[0]).all()):
+            continue
+        mean, std = pooled.mean(), pooled.std()
+        for i in members:
+            for reward, end in zip(step_rewards[i], step_ends[i]):
+                advantages[i, : end + 1] += (reward - mean) / (std + eps)
+    return advantages.float()
 
 
 def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Fraction of groups whose scorable rewards are all equal (they teach nothing this step)."""
     groups = torch.unique(group_ids)
-    flat = 0
-    for gid in groups:
-        r = rewards[(group_ids == gid) & ~torch.isnan(rewards)]
-        flat += int(r.numel() < 2 or bool((r == r[0]).all()))
-    return flat / len(groups)
-
-
-# name -> function(rewards, group_ids, eps) -> advantages. Variants are added here, one entry each.
-ADVANTAGES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
-    "group_norm": group_normalized,
-}
+    with_contrast = sum(1 for _ in _groups(rewards, group_ids))
+    return (len(groups) - with_contrast) / len(groups)

@@ -1,74 +1,181 @@
-"""Step 4 of GRPO: the clipped surrogate with a k3 KL penalty, as pure tensor functions.
+"""Step 4 of GRPO: policy losses, KL estimators and aggregations, as pure tensor functions.
 
-Per token t of completion i (DeepSeekMath, arXiv:2402.03300, eq. 3):
-    rho  = exp(logp - old_logp)
-    term = min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i) - beta * KL_k3
-    KL_k3 = exp(ref - logp) - (ref - logp) - 1      (Schulman, "Approximating KL divergence", 2020)
-The objective averages `term` over each completion's tokens, then over completions; the loss is its
-negative. How tokens are averaged is an *aggregation*: a function of the whole batch's completion
-mask that returns one weight per token. Weights are computed once per batch, before it is split into
-micro-batches, so the sum of the micro-batch losses equals the whole-batch loss and so do the
-gradients.
+The per-token objective of GRPO (DeepSeekMath, arXiv:2402.03300, eq. 3) is
+    min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) - beta * KL,   rho = pi_theta / pi_old.
+It is built from three tables, one entry per published variant:
+
+- POLICY_LOSSES: the surrogate term (token clip, dual clip, GSPO's sequence ratio, CISPO).
+- KL_ESTIMATORS: k1, k2, k3 (Schulman, "Approximating KL divergence", 2020).
+- AGGREGATIONS: how token terms become one number; a function of the *whole optimizer step's*
+  completion mask returning one weight per token. Weights are computed before the step is split into
+  micro-batches, so the micro-batch losses sum to the whole-step loss and so do their gradients.
+
+Shapes: n rows of this micro-batch, T completion tokens. `mask` is 1 on real completion tokens.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 
-def sequence_mean_weights(completion_mask: torch.Tensor) -> torch.Tensor:
-    """GRPO's aggregation: 1 / (|o_i| * number of completions) on each token. [N, T] -> [N, T]."""
-    mask = completion_mask.float()
-    lengths = mask.sum(-1, keepdim=True).clamp(min=1)
-    return mask / lengths / mask.shape[0]
+class Surrogate(NamedTuple):
+    objective: torch.Tensor     # [n, T] per-token term to maximize (before KL and weights)
+    clipped_low: torch.Tensor   # [n, T] bool: the lower clip bound is what acted on this token
+    clipped_high: torch.Tensor  # [n, T] bool: the upper clip bound is what acted on this token
 
 
-# name -> function(completion_mask [N, T]) -> per-token weights [N, T] summing to at most 1.
-AGGREGATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "sequence_mean": sequence_mean_weights,
+# ----------------------------------------------------------------------------- policy losses
+
+def token_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+    """PPO/GRPO per-token clipped ratio; `eps_high > eps_low` is DAPO's clip-higher."""
+    ratio = torch.exp(logp - old_logp)
+    objective = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+    return Surrogate(objective, (ratio < 1 - eps_low) & (adv < 0), (ratio > 1 + eps_high) & (adv > 0))
+
+
+def dual_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+    """Dual clip (Ye et al. 2020, arXiv:1912.09729): for A < 0 the objective is at least c * A,
+    so a huge ratio on a bad token cannot produce an unbounded update. c > 1."""
+    base = token_clip(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, clip_c=clip_c)
+    floor = clip_c * adv
+    dual = (adv < 0) & (base.objective < floor)
+    objective = torch.where(dual, floor, base.objective)
+    return Surrogate(objective, base.clipped_low, base.clipped_high | dual)
+
+
+def gspo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+    """GSPO (arXiv:2507.18071): one ratio per sequence, exp(mean_t(logp - old_logp)), clipped per
+    sequence; every token of the sequence carries that sequence's term."""
+    m = mask.float()
+    mean_log_ratio = ((logp - old_logp) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(mean_log_ratio)                                  # [n, 1]
+    adv_seq = adv[:, :1] if adv.shape[-1] > 1 else adv                 # outcome advantage per row
+    objective = torch.min(ratio * adv_seq, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv_seq)
+    low = ((ratio < 1 - eps_low) & (adv_seq < 0)).expand_as(logp)
+    high = ((ratio > 1 + eps_high) & (adv_seq > 0)).expand_as(logp)
+    return Surrogate(objective.expand_as(logp), low, high)
+
+
+def cispo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+    """CISPO (MiniMax-M1, arXiv:2506.13585): sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * logp.
+    The clipped weight is detached, so every token keeps a gradient, however far its ratio went."""
+    ratio = torch.exp(logp - old_logp)
+    weight = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()
+    return Surrogate(weight * adv * logp, ratio < 1 - eps_low, ratio > 1 + eps_high)
+
+
+POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
+    "clip": token_clip,
+    "dual_clip": dual_clip,
+    "gspo": gspo,
+    "cispo": cispo,
 }
+
+# ----------------------------------------------------------------------------- KL estimators
+# Each estimates KL(pi_theta || pi_ref) per token from samples of pi_theta.
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log(pi/pi_ref): unbiased, can be negative."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """(log(pi/pi_ref))^2 / 2: biased, non-negative, low variance."""
+    return 0.5 * (logp - ref_logp) ** 2
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi_theta || pi_ref); non-negative, zero when they agree."""
+    """pi_ref/pi - log(pi_ref/pi) - 1: unbiased, non-negative; GRPO's choice."""
     log_ratio = ref_logp - logp
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def clipped_surrogate_loss(
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": k3_kl,
+}
+
+# ----------------------------------------------------------------------------- aggregations
+
+def sequence_mean_weights(mask: torch.Tensor, max_tokens: int = 0) -> torch.Tensor:
+    """GRPO paper: mean over each completion's tokens, then over completions: 1 / (|o_i| * N)."""
+    m = mask.float()
+    return m / m.sum(-1, keepdim=True).clamp(min=1) / m.shape[0]
+
+
+def token_mean_weights(mask: torch.Tensor, max_tokens: int = 0) -> torch.Tensor:
+    """DAPO: mean over every token of the step, so long completions weigh in proportion: 1 / sum|o_i|."""
+    m = mask.float()
+    return m / m.sum().clamp(min=1)
+
+
+def constant_weights(mask: torch.Tensor, max_tokens: int = 0) -> torch.Tensor:
+    """Dr. GRPO (arXiv:2503.20783): token sum over a constant, max_new_tokens * N, so no length bias."""
+    m = mask.float()
+    return m / (max_tokens * m.shape[0])
+
+
+def sequence_sum_weights(mask: torch.Tensor, max_tokens: int = 0) -> torch.Tensor:
+    """REINFORCE/RLOO: sum over each completion's tokens (the sequence log-prob), mean over N."""
+    m = mask.float()
+    return m / m.shape[0]
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "sequence_mean": sequence_mean_weights,
+    "token_mean": token_mean_weights,
+    "constant": constant_weights,
+    "sequence_sum": sequence_sum_weights,
+}
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def policy_loss(
     logp: torch.Tensor,              # [n, T] pi_theta, with gradient
     old_logp: torch.Tensor,          # [n, T] pi_old, fixed
-    ref_logp: torch.Tensor | None,   # [n, T] pi_ref, or None when beta = 0
-    advantages: torch.Tensor,        # [n]
-    completion_mask: torch.Tensor,   # [n, T]
-    weights: torch.Tensor,           # [n, T] from an aggregation over the whole batch
+    ref_logp: torch.Tensor | None,   # [n, T] pi_ref, or None when there is no KL term
+    advantages: torch.Tensor,        # [n] outcome advantages, or [n, T] per token
+    mask: torch.Tensor,              # [n, T]
+    weights: torch.Tensor,           # [n, T] from an aggregation over the whole optimizer step
     *,
-    beta: float,
-    eps_low: float,
-    eps_high: float,
+    loss_type: str = "clip",
+    beta: float = 0.0,
+    kl_estimator: str = "k3",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_c: float = 3.0,
+    is_weights: torch.Tensor | None = None,  # [n, T] truncated importance weights sampler -> trainer
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss for some rows of a batch, and sums for the diagnostics (divide by `tokens`)."""
-    mask = completion_mask.float()
-    ratio = torch.exp(logp - old_logp)
-    adv = advantages.unsqueeze(-1)  # [n, 1]: every token of o_i gets A_i
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv
-    objective = torch.min(unclipped, clipped)
-    kl = None
-    if ref_logp is not None:
-        kl = k3_kl(logp, ref_logp)
-        if beta:
-            objective = objective - beta * kl
-    loss = -(objective * weights).sum()
+    """-(sum over tokens of weights * (surrogate * is_weights - beta * KL)); and diagnostic sums."""
+    m = mask.float()
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # every token of o_i gets A_i
+    sur = POLICY_LOSSES[loss_type](logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high,
+                                   clip_c=clip_c)
+    objective = sur.objective if is_weights is None else sur.objective * is_weights
+    kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp) if ref_logp is not None else None
+    if kl is not None and beta:
+        objective = objective - beta * kl
+    loss = -(objective * weights * m).sum()
     with torch.no_grad():
-        # A token is clipped when the clipped branch is the one min() chose and it differs.
-        is_clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
         stats = {
-            "tokens": mask.sum(),
-            "clip": (is_clipped.float() * mask).sum(),
-            "kl": (kl * mask).sum() if kl is not None else torch.zeros(()),
-            "ratio": (ratio * mask).sum(),
+            "tokens": m.sum(),
+            "clip_low": (sur.clipped_low.float() * m).sum(),
+            "clip_high": (sur.clipped_high.float() * m).sum(),
+            "kl": (kl * m).sum() if kl is not None else torch.zeros(()),
+            "ratio": (torch.exp(logp - old_logp) * m).sum(),
         }
+    return loss, stats
+
+
+def clipped_surrogate_loss(logp, old_logp, ref_logp, advantages, completion_mask, weights, *,
+                           beta: float, eps_low: float, eps_high: float):
+    """GRPO's loss: token clip with a k3 KL term. Kept as the paper's name for `policy_loss`."""
+    loss, stats = policy_loss(logp, old_logp, ref_logp, advantages, completion_mask, weights,
+                              loss_type="clip", beta=beta, kl_estimator="k3", eps_low=eps_low,
+                              eps_high=eps_high)
+    stats["clip"] = stats["clip_low"] + stats["clip_high"]
     return loss, stats

@@ -93,16 +93,19 @@ def frozen_copy(model):
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   completion_len: int, with_entropy: bool = False):
+                   completion_len: int, with_entropy: bool = False, temperature: float = 1.0):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: [N, P+T], prompts left-padded, completions right-padded.
+    `temperature` divides the logits, so the policy trained is the one that sampled.
     Returns logp [N, T] and, if asked, the entropy of each next-token distribution [N, T].
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=False).logits
     logits = logits[:, -completion_len - 1:-1, :].float()  # [N, T, V], logits that predict each token
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = input_ids[:, -completion_len:]
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -27,6 +27,7 @@ class Rollout:
     completion_mask: torch.Tensor       # [N, T] 1 on generated tokens up to and including EOS
     sampler_logprobs: torch.Tensor      # [N, T] log-probs the sampler drew each token with
     truncated: torch.Tensor             # [N] bool; hit max_new_tokens before EOS
+    temperature: float = 1.0            # the sampler's; log-probs of pi are taken at this temperature
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns, each [N]
     rewards: torch.Tensor | None = None          # [N] float; NaN where no function could score
     rewards_per_fn: dict[str, list] = field(default_factory=dict)  # name -> [N] float | None

@@ -76,4 +76,5 @@ class HFSampler:
             prompt_ids=prompt_ids, prompt_mask=prompt_mask,
             completion_ids=completion_ids, completion_mask=completion_mask,
             sampler_logprobs=sampler_logprobs, truncated=truncated,
+            temperature=1.0 if greedy else self.temperature,
         )

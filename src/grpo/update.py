@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from grpo.loss import AGGREGATIONS, clipped_surrogate_loss
+from grpo.loss import AGGREGATIONS, policy_loss
 from grpo.models import token_logprobs
 from grpo.rollout import Rollout
 
@@ -27,7 +27,8 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int) -> torch.Tensor:
     parts = []
     for rows in micro_batches(len(rollout), micro_batch_size):
         part = rollout.rows(rows)
-        logp, _ = token_logprobs(model, part.input_ids, part.attention_mask, T)
+        logp, _ = token_logprobs(model, part.input_ids, part.attention_mask, T,
+                                 temperature=part.temperature)
         parts.append(logp)
     return torch.cat(parts) * rollout.completion_mask
 
@@ -50,29 +51,35 @@ def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int, beta: float,
-                         eps_low: float, eps_high: float, aggregation: str = "sequence_mean"
-                         ) -> dict[str, float]:
-    """Backward the whole batch's loss in micro-batches; return the loss and token-mean diagnostics."""
+def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
+                         aggregation: str = "sequence_mean", max_tokens: int = 0,
+                         is_weights: torch.Tensor | None = None, **loss_settings) -> dict[str, float]:
+    """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
+
+    `loss_settings` go to `loss.policy_loss` (loss_type, beta, kl_estimator, eps_low, eps_high,
+    clip_c). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
+    """
     T = rollout.completion_ids.shape[1]
-    weights = AGGREGATIONS[aggregation](rollout.completion_mask)  # [N, T], once per batch
-    totals: dict[str, float] = {"loss": 0.0, "tokens": 0.0, "clip": 0.0, "kl": 0.0, "ratio": 0.0,
-                                "entropy": 0.0}
+    weights = AGGREGATIONS[aggregation](rollout.completion_mask, max_tokens)  # [N, T], once per step
+    totals = dict.fromkeys(["loss", "tokens", "clip_low", "clip_high", "kl", "ratio", "entropy"], 0.0)
     for rows in micro_batches(len(rollout), micro_batch_size):
         part = rollout.rows(rows)
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
-                                       with_entropy=True)
-        loss, stats = clipped_surrogate_loss(
-            logp, part.old_logprobs if part.old_logprobs is not None else logp.detach(),
-            part.ref_logprobs, part.advantages, part.completion_mask, weights[rows],
-            beta=beta, eps_low=eps_low, eps_high=eps_high)
+                                       with_entropy=True, temperature=part.temperature)
+        old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
+        loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
+                                  part.completion_mask, weights[rows],
+                                  is_weights=None if is_weights is None else is_weights[rows],
+                                  **loss_settings)
         loss.backward()
         totals["loss"] += loss.item()
         for key, value in stats.items():
             totals[key] += value.item()
         totals["entropy"] += (entropy.detach() * part.completion_mask).sum().item()
     tokens = max(totals.pop("tokens"), 1.0)
-    return {"loss": totals["loss"], "kl": totals["kl"] / tokens, "clip/frac": totals["clip"] / tokens,
+    return {"loss": totals["loss"], "kl": totals["kl"] / tokens,
+            "clip/frac": (totals["clip_low"] + totals["clip_high"]) / tokens,
+            "clip/frac_low": totals["clip_low"] / tokens, "clip/frac_high": totals["clip_high"] / tokens,
             "ratio/mean": totals["ratio"] / tokens, "entropy": totals["entropy"] / tokens}
 
 
