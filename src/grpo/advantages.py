@@ -95,8 +95,12 @@ def process_supervision(step_rewards: list[list[float]], step_ends: list[list[in
     return advantages.float()
 
 
+def groups_with_contrast(rewards: torch.Tensor, group_ids: torch.Tensor) -> list[int]:
+    """Ids of the groups whose scorable rewards differ (the ones a step learns from)."""
+    return [int(group_ids[rows][0]) for rows, _ in _groups(rewards, group_ids)]
+
+
 def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Fraction of groups whose scorable rewards are all equal (they teach nothing this step)."""
     groups = torch.unique(group_ids)
-    with_contrast = sum(1 for _ in _groups(rewards, group_ids))
-    return (len(groups) - with_contrast) / len(groups)
+    return (len(groups) - len(groups_with_contrast(rewards, group_ids))) / len(groups)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
+from grpo.advantages import ADVANTAGES
 from grpo.config import ConfigError, TrainConfig
+from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
 from grpo.rewards import RewardFn, get_reward, math_accuracy
@@ -32,6 +34,17 @@ class Data:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def check_choices(config: TrainConfig) -> None:
+    """Names that pick a table entry must name one; the error lists the choices."""
+    tables = {"advantage": ADVANTAGES, "loss_type": POLICY_LOSSES, "aggregation": AGGREGATIONS,
+              "kl_estimator": KL_ESTIMATORS}
+    values = config.flat()
+    for key, table in tables.items():
+        if values[key] not in table:
+            raise ConfigError(f"config key '{key}': unknown choice {values[key]!r}; "
+                              f"choose one of {sorted(table)}")
 
 
 def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:

@@ -1,6 +1,7 @@
 """The `grpo` command: train, sft, eval, explain, bench, report.
 
     grpo train [CONFIG.yaml] [key=value ...]    GRPO (no arguments: the built-in demo)
+    grpo train ... --print-config               print the resolved config (presets applied), run nothing
     grpo sft   [CONFIG.yaml] [key=value ...]    cold-start supervised tuning only
     grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model, greedy
     grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
@@ -113,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         from grpo.config import help_text
         print(f"usage: grpo {command} [CONFIG.yaml] [key=value ...]\n\nkeys (defaults are the demo's):\n")
         print(help_text())
+        return 0
+    if "--print-config" in rest:
+        from grpo.config import ConfigError, to_yaml
+        try:
+            print(to_yaml(_config([a for a in rest if a != "--print-config"])), end="")
+        except ConfigError as e:
+            print(f"grpo {command}: error: {e}", file=sys.stderr)
+            return 2
         return 0
     _quiet_libraries()
     from grpo.build import ConfigError

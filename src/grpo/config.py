@@ -65,6 +65,10 @@ class SamplingConfig:
     """Sampling temperature for the group (evaluation is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling threshold for the group."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
+    max_sampling_rounds: int = 3
+    """With dynamic_sampling, at most this many extra rounds of sampling per step."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,26 @@ class LossConfig:
     """Upper clip range: rho is clipped above at 1 + epsilon_high; 0 means equal to `epsilon`."""
     advantage_eps: float = 1e-4
     """eps in A = (r - mean) / (std + eps)."""
+    advantage: str = "group_norm"
+    """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo."""
+    loss_type: str = "clip"
+    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio), cispo (clipped IS weight)."""
+    aggregation: str = "sequence_mean"
+    """Token weighting: sequence_mean (GRPO), token_mean (DAPO), constant (Dr. GRPO), sequence_sum."""
+    clip_c: float = 3.0
+    """dual_clip: for negative advantages the objective is at least clip_c * A (clip_c > 1)."""
+    kl_estimator: str = "k3"
+    """KL(pi || pi_ref) estimator per token: k1, k2 or k3."""
+    kl_in_reward: bool = False
+    """Subtract beta * (sum of per-token KL) from each reward (PPO-RLHF) instead of a loss term."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering: completions cut at max_new_tokens take no part in the loss."""
+    overlong_buffer: float = 0.0
+    """DAPO soft overlong punishment: a linear penalty over the last fraction of max_new_tokens; 0 off."""
+    overlong_penalty: float = 1.0
+    """The penalty at max_new_tokens when overlong_buffer is on."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling: weigh each token by min(pi_old / pi_sampler, cap); 0 off."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +140,9 @@ class RunConfig:
     sft_batch_size: int = 32
     """Examples per cold-start supervised step."""
     ref_reset_every: int = 0
-    """Steps per outer iteration: the reference model becomes the current policy this often; 0 never."""
+    """Steps per outer iteration: the reference model is refreshed from the policy this often; 0 never."""
+    ref_update_rate: float = 1.0
+    """alpha of a reference refresh: ref <- alpha * policy + (1 - alpha) * ref; 1 is a hard reset."""
     eval_every: int = 20
     """Evaluate on held-out prompts every this many steps, and at step 0 and the end; 0 turns it off."""
     save_every: int = 0
@@ -134,8 +160,22 @@ class RunConfig:
 SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig)
 
 # name -> keys it sets. Explicit keys from the file or command line override a preset.
+# The papers' settings; docs/algorithms.md gives the sources.
 ALGORITHMS: dict[str, dict] = {
-    "grpo": {},
+    "grpo": {"advantage": "group_norm", "loss_type": "clip", "aggregation": "sequence_mean",
+             "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.04, "kl_estimator": "k3"},
+    "dr_grpo": {"advantage": "group_mean", "loss_type": "clip", "aggregation": "constant",
+                "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.0},
+    "dapo": {"advantage": "group_norm", "loss_type": "clip", "aggregation": "token_mean",
+             "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "dynamic_sampling": True,
+             "overlong_buffer": 0.2, "overlong_penalty": 1.0},
+    "gspo": {"advantage": "group_norm", "loss_type": "gspo", "aggregation": "sequence_mean",
+             "epsilon": 3e-4, "epsilon_high": 4e-4, "beta": 0.0},
+    "cispo": {"advantage": "group_norm", "loss_type": "cispo", "aggregation": "token_mean",
+              "epsilon": 1.0, "epsilon_high": 0.28, "beta": 0.0},
+    "rloo": {"advantage": "rloo", "loss_type": "clip", "aggregation": "sequence_sum",
+             "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.05, "kl_estimator": "k1",
+             "kl_in_reward": True},
 }
 
 
@@ -285,10 +325,11 @@ def validate(config: TrainConfig) -> None:
         if c[key] < 1:
             raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
     for key in ["steps", "sft_steps", "eval_every", "save_every", "ref_reset_every",
-                "warmup_steps", "eval_size", "threads"]:
+                "warmup_steps", "eval_size", "threads", "max_sampling_rounds"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
-    for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm"]:
+    for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm", "tis_cap",
+                "overlong_penalty"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     if c["temperature"] <= 0:
@@ -301,6 +342,13 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"config key 'chat_template' must be auto or none, got {c['chat_template']!r}")
     if c["dtype"] not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"config key 'dtype' must be float32, bfloat16 or float16, got {c['dtype']!r}")
+    if not 0 < c["ref_update_rate"] <= 1:
+        raise ConfigError(f"config key 'ref_update_rate' must be in (0, 1], got {c['ref_update_rate']}")
+    if not 0 <= c["overlong_buffer"] < 1:
+        raise ConfigError(f"config key 'overlong_buffer' is a fraction of max_new_tokens in [0, 1), "
+                          f"got {c['overlong_buffer']}")
+    if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
+        raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
     if c["reward_weights"] and len(c["reward_weights"]) != len(c["rewards"]):
         raise ConfigError(f"config key 'reward_weights' has {len(c['reward_weights'])} weights for "
                           f"{len(c['rewards'])} reward functions in 'rewards'; give one per function")

@@ -92,6 +92,16 @@ def frozen_copy(model):
     return ref
 
 
+@torch.no_grad()
+def update_reference(ref, policy, rate: float = 1.0) -> None:
+    """ref <- rate * policy + (1 - rate) * ref; rate 1 is a hard reset (iterative GRPO)."""
+    for ref_param, param in zip(ref.parameters(), policy.parameters()):
+        if rate >= 1.0:
+            ref_param.copy_(param)
+        else:
+            ref_param.lerp_(param, rate)
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_len: int, with_entropy: bool = False, temperature: float = 1.0):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.

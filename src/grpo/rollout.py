@@ -34,6 +34,7 @@ class Rollout:
     advantages: torch.Tensor | None = None       # [N]
     old_logprobs: torch.Tensor | None = None     # [N, T] pi_old, fixed for the mu updates
     ref_logprobs: torch.Tensor | None = None     # [N, T] pi_ref; None when beta = 0
+    loss_mask: torch.Tensor | None = None        # [N, T] tokens that enter the loss; None = completion_mask
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -46,22 +47,66 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:  # [N, P+T]
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
-    def rows(self, index: slice) -> "Rollout":
-        """A view of some rows, for micro-batching; tensors are sliced, lists too."""
+    def rows(self, index: slice | list[int]) -> "Rollout":
+        """Some rows (a slice for micro-batching, or a list of row numbers); lists and tensors alike."""
+        positions = list(range(len(self)))[index] if isinstance(index, slice) else list(index)
+        tensor_index = index if isinstance(index, slice) else torch.tensor(positions, dtype=torch.long)
+
         def cut(x):
             if x is None:
                 return None
-            return x[index]
+            if isinstance(x, list):
+                return [x[i] for i in positions]
+            return x[tensor_index]
         return replace(
             self,
-            prompts=self.prompts[index], completions=self.completions[index],
+            prompts=cut(self.prompts), completions=cut(self.completions),
             group_ids=cut(self.group_ids), prompt_ids=cut(self.prompt_ids),
             prompt_mask=cut(self.prompt_mask), completion_ids=cut(self.completion_ids),
             completion_mask=cut(self.completion_mask), sampler_logprobs=cut(self.sampler_logprobs),
             truncated=cut(self.truncated),
-            columns={k: v[index] for k, v in self.columns.items()},
+            columns={k: cut(v) for k, v in self.columns.items()},
             rewards=cut(self.rewards),
-            rewards_per_fn={k: v[index] for k, v in self.rewards_per_fn.items()},
+            rewards_per_fn={k: cut(v) for k, v in self.rewards_per_fn.items()},
             advantages=cut(self.advantages), old_logprobs=cut(self.old_logprobs),
-            ref_logprobs=cut(self.ref_logprobs),
+            ref_logprobs=cut(self.ref_logprobs), loss_mask=cut(self.loss_mask),
         )
+
+    @property
+    def tokens_in_loss(self) -> torch.Tensor:  # [N, T]
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
+
+
+def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
+    """Rows of several sampled (and perhaps scored) rollouts in one: prompts re-padded on the left,
+    completions on the right, group ids offset so groups from different parts never merge."""
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    T = max(p.completion_ids.shape[1] for p in parts)
+
+    def left(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    group_ids, offset = [], 0
+    for p in parts:
+        group_ids.append(p.group_ids + offset)
+        offset += int(p.group_ids.max()) + 1 if len(p) else 0
+    columns = {k: [v for p in parts for v in p.columns[k]] for k in parts[0].columns}
+    return Rollout(
+        prompts=[x for p in parts for x in p.prompts],
+        completions=[x for p in parts for x in p.completions],
+        group_ids=torch.cat(group_ids),
+        prompt_ids=torch.cat([left(p.prompt_ids, P, pad_token_id) for p in parts]),
+        prompt_mask=torch.cat([left(p.prompt_mask, P, 0) for p in parts]),
+        completion_ids=torch.cat([right(p.completion_ids, T, pad_token_id) for p in parts]),
+        completion_mask=torch.cat([right(p.completion_mask, T, 0) for p in parts]),
+        sampler_logprobs=torch.cat([right(p.sampler_logprobs, T, 0.0) for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        temperature=parts[0].temperature,
+        columns=columns,
+        rewards=torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
+        rewards_per_fn={k: [v for p in parts for v in p.rewards_per_fn[k]]
+                        for k in parts[0].rewards_per_fn},
+    )

@@ -22,13 +22,15 @@ from typing import Callable
 import torch
 
 from grpo import build
-from grpo.advantages import ADVANTAGES, zero_std_fraction
+from grpo.advantages import ADVANTAGES, groups_with_contrast, zero_std_fraction
 from grpo.checkpoint import save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
-from grpo.models import frozen_copy
+from grpo.loss import KL_ESTIMATORS
+from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
-from grpo.rollout import Rollout
+from grpo.rewards.shaping import overlong_penalty
+from grpo.rollout import Rollout, concat
 from grpo.sampling import HFSampler
 from grpo.sft import supervised_finetune
 from grpo.tracking import NullTracker, RunTracker
@@ -60,6 +62,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if c.run.threads:
         torch.set_num_threads(c.run.threads)
     build.seed_everything(c.run.seed)
+    build.check_choices(c)
     run_dir = Path(c.run.output_dir)
     data = build.load_data(c, reward_fns)
     if write_files:
@@ -86,9 +89,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     for step in range(1, c.run.steps + 1):
         if learner.ref is not None and c.run.ref_reset_every and step > 1 \
                 and (step - 1) % c.run.ref_reset_every == 0:
-            learner.ref.load_state_dict(policy.state_dict())  # new outer iteration: pi_ref <- pi_theta
-        rows = stream.next_batch(c.sampling.prompts_per_step)
-        rollout, metrics = grpo_step(c, learner, tokenizer, data, rows)
+            update_reference(learner.ref, policy, c.run.ref_update_rate)  # a new outer iteration
+        rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
         record(metrics, step)
         tracker.samples(sample_records(rollout, step))
         if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
@@ -118,40 +120,99 @@ def make_learner(c: TrainConfig, policy, tokenizer) -> Learner:
 
 
 def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
-              rows: list[dict]) -> tuple[Rollout, dict]:
-    """One GRPO step on a batch of prompt rows: the four steps of Algorithm 1's inner loop."""
+              stream: PromptStream) -> tuple[Rollout, dict]:
+    """One GRPO step: the four steps of Algorithm 1's inner loop, with the variants' switches."""
     t0 = time.perf_counter()
-    # 1. group sampling: G completions per prompt from the current policy
-    rollout = learner.sampler.sample(build.prompt_texts(c, tokenizer, rows), c.sampling.group_size)
-    rollout.columns = columns_of(rows, c.sampling.group_size)
+    # 1-2. group sampling and rewards (dynamic sampling keeps only groups with contrast)
+    rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream)
     t1 = time.perf_counter()
-    # 2. rewards: weighted sum of the reward functions; None (unscorable) becomes NaN
-    totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
-                                           rollout.completions, rollout.columns)
-    rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
-    # 3. advantages: normalized within each group
-    rollout.advantages = ADVANTAGES["group_norm"](rollout.rewards, rollout.group_ids,
-                                                  c.loss.advantage_eps)
-    t2 = time.perf_counter()
-    # 4. mu policy updates against the fixed pi_old and pi_ref
     mb = c.optim.micro_batch_size
-    if c.optim.num_iterations > 1:
-        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb)
+    if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
+        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb)  # pi_old, as the trainer sees it
     if learner.ref is not None:
         rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb)
+    rewards = rollout.rewards
+    if c.loss.kl_in_reward and learner.ref is not None:
+        kl_seq = (KL_ESTIMATORS[c.loss.kl_estimator](rollout.old_logprobs, rollout.ref_logprobs)
+                  * rollout.completion_mask).sum(-1)                      # [N]
+        rewards = rewards - c.loss.beta * kl_seq
+        extra["kl_reward/mean"] = kl_seq.mean().item()
+    # 3. advantages
+    rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
+    if c.loss.mask_truncated:
+        rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
+    is_weights = None
+    if c.loss.tis_cap > 0:
+        is_weights, tis_stats = truncated_is_weights(rollout, c.loss.tis_cap)
+        extra.update(tis_stats)
+    t2 = time.perf_counter()
+    # 4. mu policy updates against the fixed pi_old and pi_ref
     updates = []
     for _ in range(c.optim.num_iterations):
-        stats = accumulate_gradients(learner.policy, rollout, micro_batch_size=mb, beta=c.loss.beta,
-                                     eps_low=c.loss.epsilon,
-                                     eps_high=c.loss.epsilon_high or c.loss.epsilon)
+        stats = accumulate_gradients(
+            learner.policy, rollout, micro_batch_size=mb, aggregation=c.loss.aggregation,
+            max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
+            beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
+            eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c)
         stats["grad_norm"] = optimizer_step(learner.policy, learner.optimizer, c.optim.max_grad_norm)
         updates.append(stats)
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()
     metrics = step_metrics(rollout, updates, sample_s=t1 - t0, reward_s=t2 - t1, update_s=t3 - t2)
-    metrics["lr"] = lr
+    metrics.update(extra, lr=lr)
     return rollout, metrics
+
+
+def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data,
+                         stream: PromptStream) -> tuple[Rollout, dict]:
+    """Sample and score `prompts_per_step` groups. With dynamic sampling (DAPO), groups whose
+    rewards are all equal are dropped and more prompts are sampled, at most `max_sampling_rounds`
+    extra times; if none has contrast, the last round is kept (its advantages are all 0)."""
+    G, wanted = c.sampling.group_size, c.sampling.prompts_per_step
+    kept: list[Rollout] = []
+    have, dropped, rounds = 0, 0, 0
+    while True:
+        rows = stream.next_batch(wanted - have)
+        part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G)
+        part.columns = columns_of(rows, G)
+        score_rollout(c, part, data)
+        if not c.sampling.dynamic_sampling:
+            return part, {}
+        contrast = set(groups_with_contrast(part.rewards, part.group_ids))
+        dropped += len(rows) - len(contrast)
+        if contrast:
+            kept.append(part.rows([i for i, g in enumerate(part.group_ids.tolist()) if g in contrast]))
+            have += len(contrast)
+        if have >= wanted or rounds >= c.sampling.max_sampling_rounds:
+            break
+        rounds += 1
+    rollout = concat(kept, tokenizer.pad_token_id) if kept else part
+    return rollout, {"sampling/dropped_groups": dropped, "sampling/extra_rounds": rounds}
+
+
+def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
+    """Weighted sum of the reward functions (plus DAPO's overlong penalty); None becomes NaN."""
+    totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
+                                           rollout.completions, rollout.columns)
+    if c.loss.overlong_buffer > 0:
+        penalty = overlong_penalty(rollout.completion_mask.sum(-1).tolist(), c.sampling.max_new_tokens,
+                                   round(c.loss.overlong_buffer * c.sampling.max_new_tokens),
+                                   c.loss.overlong_penalty)
+        rollout.rewards_per_fn["overlong"] = penalty
+        totals = [None if t is None else t + p for t, p in zip(totals, penalty)]
+    rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
+
+
+def truncated_is_weights(rollout: Rollout, cap: float) -> tuple[torch.Tensor, dict]:
+    """min(pi_old / pi_sampler, cap) per token, correcting for a sampler whose numerics differ."""
+    mask = rollout.completion_mask.bool()
+    log_diff = (rollout.old_logprobs - rollout.sampler_logprobs).masked_fill(~mask, 0.0)
+    weights = torch.exp(log_diff).clamp(max=cap).masked_fill(~mask, 0.0)   # [N, T]
+    real = weights[mask]
+    return weights, {"sampler/logp_diff": log_diff.abs()[mask].mean().item(),
+                     "tis/weight_mean": real.mean().item(),
+                     "tis/weight_std": real.std().item() if real.numel() > 1 else 0.0}
 
 
 def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:
@@ -198,7 +259,8 @@ def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, rewa
         valid = [v for v in values if v is not None]
         metrics[f"reward/{name}/mean"] = sum(valid) / len(valid) if valid else math.nan
     metrics["advantage/zero_std_frac"] = zero_std_fraction(rewards, rollout.group_ids)
-    for key in ("kl", "clip/frac", "entropy", "loss", "grad_norm"):
+    for key in ("kl", "clip/frac", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy", "loss",
+                "grad_norm"):
         metrics[key] = sum(u[key] for u in updates) / len(updates)
     metrics["completion/len_mean"] = lengths.mean().item()
     metrics["tokens/completion"] = int(lengths.sum())

@@ -60,7 +60,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     clip_c). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
     """
     T = rollout.completion_ids.shape[1]
-    weights = AGGREGATIONS[aggregation](rollout.completion_mask, max_tokens)  # [N, T], once per step
+    weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
     totals = dict.fromkeys(["loss", "tokens", "clip_low", "clip_high", "kl", "ratio", "entropy"], 0.0)
     for rows in micro_batches(len(rollout), micro_batch_size):
         part = rollout.rows(rows)
@@ -68,14 +68,14 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                                        with_entropy=True, temperature=part.temperature)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
-                                  part.completion_mask, weights[rows],
+                                  part.tokens_in_loss, weights[rows],
                                   is_weights=None if is_weights is None else is_weights[rows],
                                   **loss_settings)
         loss.backward()
         totals["loss"] += loss.item()
         for key, value in stats.items():
             totals[key] += value.item()
-        totals["entropy"] += (entropy.detach() * part.completion_mask).sum().item()
+        totals["entropy"] += (entropy.detach() * part.tokens_in_loss).sum().item()
     tokens = max(totals.pop("tokens"), 1.0)
     return {"loss": totals["loss"], "kl": totals["kl"] / tokens,
             "clip/frac": (totals["clip_low"] + totals["clip_high"]) / tokens,
