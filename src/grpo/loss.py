@@ -114,6 +114,8 @@ def token_mean_weights(mask: torch.Tensor, max_tokens: int = 0) -> torch.Tensor:
 
 def constant_weights(mask: torch.Tensor, max_tokens: int = 0) -> torch.Tensor:
     """Dr. GRPO (arXiv:2503.20783): token sum over a constant, max_new_tokens * N, so no length bias."""
+    if max_tokens <= 0:
+        raise ValueError("the constant aggregation needs max_tokens (max_new_tokens) above 0")
     m = mask.float()
     return m / (max_tokens * m.shape[0])
 
@@ -130,6 +132,23 @@ AGGREGATIONS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "constant": constant_weights,
     "sequence_sum": sequence_sum_weights,
 }
+
+# ----------------------------------------------------------------------------- corrections
+
+def kl_penalized_rewards(rewards: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor,
+                         mask: torch.Tensor, beta: float, estimator: str = "k1") -> torch.Tensor:
+    """PPO-RLHF's KL in the reward: r_i - beta * sum_t KL_t(o_i). rewards [N] -> [N]."""
+    return rewards - beta * (KL_ESTIMATORS[estimator](logp, ref_logp) * mask.float()).sum(-1)
+
+
+def truncated_importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor,
+                                 mask: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings
+    you off-policy RL training"): min(pi_old / pi_sampler, cap) per token, 0 on padding. [N, T]."""
+    m = mask.bool()
+    ratio = torch.exp((old_logp - sampler_logp).masked_fill(~m, 0.0))
+    return ratio.clamp(max=cap).masked_fill(~m, 0.0)
+
 
 # ----------------------------------------------------------------------------- the loss
 
@@ -156,7 +175,9 @@ def policy_loss(
     sur = POLICY_LOSSES[loss_type](logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high,
                                    clip_c=clip_c)
     objective = sur.objective if is_weights is None else sur.objective * is_weights
-    kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp) if ref_logp is not None else None
+    kl = None
+    if ref_logp is not None:  # padding gets logp = ref, so exp() in k3 cannot overflow there
+        kl = KL_ESTIMATORS[kl_estimator](torch.where(m.bool(), logp, ref_logp), ref_logp)
     if kl is not None and beta:
         objective = objective - beta * kl
     loss = -(objective * weights * m).sum()

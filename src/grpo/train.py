@@ -26,7 +26,7 @@ from grpo.advantages import ADVANTAGES, groups_with_contrast, zero_std_fraction
 from grpo.checkpoint import save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
-from grpo.loss import KL_ESTIMATORS
+from grpo.loss import kl_penalized_rewards, truncated_importance_weights
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
@@ -133,10 +133,9 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb)
     rewards = rollout.rewards
     if c.loss.kl_in_reward and learner.ref is not None:
-        kl_seq = (KL_ESTIMATORS[c.loss.kl_estimator](rollout.old_logprobs, rollout.ref_logprobs)
-                  * rollout.completion_mask).sum(-1)                      # [N]
-        rewards = rewards - c.loss.beta * kl_seq
-        extra["kl_reward/mean"] = kl_seq.mean().item()
+        rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
+                                       rollout.completion_mask, c.loss.beta, c.loss.kl_estimator)
+        extra["kl_reward/mean"] = torch.nanmean(rollout.rewards - rewards).item()
     # 3. advantages
     rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
     if c.loss.mask_truncated:
@@ -205,14 +204,14 @@ def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
 
 
 def truncated_is_weights(rollout: Rollout, cap: float) -> tuple[torch.Tensor, dict]:
-    """min(pi_old / pi_sampler, cap) per token, correcting for a sampler whose numerics differ."""
+    """The TIS weights [N, T] and how far the sampler's log-probs are from the trainer's."""
     mask = rollout.completion_mask.bool()
-    log_diff = (rollout.old_logprobs - rollout.sampler_logprobs).masked_fill(~mask, 0.0)
-    weights = torch.exp(log_diff).clamp(max=cap).masked_fill(~mask, 0.0)   # [N, T]
+    weights = truncated_importance_weights(rollout.old_logprobs, rollout.sampler_logprobs, mask, cap)
     real = weights[mask]
-    return weights, {"sampler/logp_diff": log_diff.abs()[mask].mean().item(),
-                     "tis/weight_mean": real.mean().item(),
-                     "tis/weight_std": real.std().item() if real.numel() > 1 else 0.0}
+    return weights, {
+        "sampler/logp_diff": (rollout.old_logprobs - rollout.sampler_logprobs).abs()[mask].mean().item(),
+        "tis/weight_mean": real.mean().item(),
+        "tis/weight_std": real.std().item() if real.numel() > 1 else 0.0}
 
 
 def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:

@@ -1,0 +1,49 @@
+"""Held-out accuracy of every preset on the built-in demo task after the same number of steps.
+
+    python benchmarks/compare_presets.py [--jobs 2] [key=value ...]
+
+Runs `grpo train algorithm=NAME output_dir=runs/presets/NAME threads=1 ...` for each preset
+(the demo's defaults otherwise), two at a time, and prints a Markdown table read from each run's
+metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from grpo.config import ALGORITHMS
+
+
+def run(name: str, extra: list[str]) -> tuple[str, float]:
+    start = time.perf_counter()
+    out = Path("runs/presets") / name
+    cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={name}", f"output_dir={out}",
+           "threads=1", *extra]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return name, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        seconds = dict(pool.map(lambda n: run(n, args.overrides), ALGORITHMS))
+    print("| preset | eval/accuracy at step 0 | at the last step | steps | wall s |")
+    print("|---|---|---|---|---|")
+    for name in ALGORITHMS:
+        metrics = [json.loads(x) for x in (Path("runs/presets") / name / "metrics.jsonl").read_text().splitlines()]
+        evals = [m for m in metrics if "eval/accuracy" in m]
+        print(f"| {name} | {evals[0]['eval/accuracy']:.3f} | {evals[-1]['eval/accuracy']:.3f} | "
+              f"{evals[-1]['step']} | {seconds[name]:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

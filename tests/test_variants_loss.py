@@ -1,0 +1,561 @@
+"""Policy-loss variants (dual clip, GSPO, CISPO), k1/k2/k3, the four aggregations, importance weights,
+and micro-batching of every combination, against hand numbers and a naive float64 reference."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, policy_loss
+from grpo.models import load_policy, load_tokenizer
+from grpo.rollout import Rollout
+from grpo.sampling import completion_lengths, mask_from_lengths
+from grpo.update import accumulate_gradients, logprobs_of
+
+LN2 = math.log(2.0)
+E = math.e
+
+
+def surrogate(name, log_ratio, adv, eps_low=0.2, eps_high=0.2, clip_c=3.0):
+    """One token per row (n rows, T = 1), logp = 0 with gradient, old = -log_ratio.
+
+    Returns (objective [n], d objective / d logp [n], clipped_low [n], clipped_high [n]).
+    """
+    logp = torch.zeros(len(log_ratio), 1, dtype=torch.float64, requires_grad=True)
+    old = -torch.tensor(log_ratio, dtype=torch.float64).unsqueeze(-1)
+    a = torch.tensor(adv, dtype=torch.float64).unsqueeze(-1)
+    sur = POLICY_LOSSES[name](logp, old, a, torch.ones(len(log_ratio), 1), eps_low=eps_low,
+                              eps_high=eps_high, clip_c=clip_c)
+    sur.objective.sum().backward()
+    return (sur.objective[:, 0].tolist(), logp.grad[:, 0].tolist(), sur.clipped_low[:, 0].tolist(),
+            sur.clipped_high[:, 0].tolist())
+
+
+def test_registry_names():
+    assert list(POLICY_LOSSES) == ["clip", "dual_clip", "gspo", "cispo"]
+    assert list(KL_ESTIMATORS) == ["k1", "k2", "k3"]
+    assert list(AGGREGATIONS) == ["sequence_mean", "token_mean", "constant", "sequence_sum"]
+
+
+# ----------------------------------------------------------------------------------- token clip
+
+def test_token_clip_hand_values():
+    # eps 0.2 both sides:
+    # ratio e,   A = +1.5: min(4.0774227, 1.2*1.5 = 1.8) = 1.8, clip acts (high), gradient 0
+    # ratio e,   A = -1.5: min(-4.0774227, -1.8) = -4.0774227, unclipped, gradient r A
+    # ratio 1/e, A = -1.5: min(-0.5518192, 0.8*-1.5 = -1.2) = -1.2, clip acts (low), gradient 0
+    # ratio 1.1, A = 2:    2.2 either way, gradient r A = 2.2
+    obj, grad, low, high = surrogate("clip", [1.0, 1.0, -1.0, math.log(1.1)], [1.5, -1.5, -1.5, 2.0])
+    assert obj == pytest.approx([1.8, -1.5 * E, -1.2, 2.2], rel=1e-14)
+    assert grad == pytest.approx([0.0, -1.5 * E, 0.0, 2.2], rel=1e-14, abs=0)
+    assert low == [False, False, True, False]
+    assert high == [True, False, False, False]
+
+
+# ------------------------------------------------------------------------------------ dual clip
+
+def test_dual_clip_floors_negative_advantage_terms_at_c_times_a():
+    # eps 0.2, c = 3:
+    # ratio e^2 = 7.3890561, A = -1: token clip min(-7.3890561, 1.2*-1 = -1.2) = -7.3890561;
+    #   dual clip floors it at c A = -3 -> -3, and the floor is constant in logp -> gradient 0.
+    #   The convention (Surrogate docstring: "the upper clip bound is what acted") files it under
+    #   clipped_high: the floor acts because the ratio went above c.
+    # ratio e^2, A = +1: token clip min(7.3890561, 1.2) = 1.2 (ordinary high clip), dual does nothing.
+    # ratio 2, A = -1: min(-2, -1.2) = -2 > -3: no floor, unclipped, gradient r A = -2.
+    # ratio 1/e, A = -1: min(-0.3678794, -0.8) = -0.8: ordinary low clip, -0.8 > -3, gradient 0.
+    # ratio e^2, A = -0.5: min(-3.6945280, -0.6) = -3.6945280 < c A = -1.5 -> -1.5, gradient 0
+    obj, grad, low, high = surrogate("dual_clip", [2.0, 2.0, LN2, -1.0, 2.0],
+                                     [-1.0, 1.0, -1.0, -1.0, -0.5])
+    assert obj == pytest.approx([-3.0, 1.2, -2.0, -0.8, -1.5], rel=1e-14)
+    assert grad == [0.0, 0.0, pytest.approx(-2.0, rel=1e-14), 0.0, 0.0]
+    assert low == [False, False, False, True, False]
+    assert high == [True, True, False, False, True]
+    # token clip on the same tokens: the first and last are unclipped there (-e^2, -e^2/2, with
+    # gradient r A), and not counted as clipped
+    obj, grad, low, high = surrogate("clip", [2.0, 2.0, LN2, -1.0, 2.0], [-1.0, 1.0, -1.0, -1.0, -0.5])
+    assert obj == pytest.approx([-E ** 2, 1.2, -2.0, -0.8, -E ** 2 / 2], rel=1e-14)
+    assert grad == pytest.approx([-E ** 2, 0.0, -2.0, 0.0, -E ** 2 / 2], rel=1e-14, abs=0)
+    assert high == [False, True, False, False, False]
+
+
+def test_dual_clip_counts_in_clip_high_stat():
+    # the five tokens above through policy_loss, weights 1: clip_high counts tokens 0, 1, 4 = 3,
+    # clip_low token 3 = 1; loss = -(-3 + 1.2 - 2 - 0.8 - 1.5) = 6.1
+    logp = torch.zeros(5, 1, requires_grad=True)
+    old = -torch.tensor([[2.0], [2.0], [LN2], [-1.0], [2.0]])
+    loss, stats = policy_loss(logp, old, None, torch.tensor([-1.0, 1.0, -1.0, -1.0, -0.5]),
+                              torch.ones(5, 1), torch.ones(5, 1), loss_type="dual_clip",
+                              eps_low=0.2, eps_high=0.2, clip_c=3.0)
+    assert loss.item() == pytest.approx(6.1, rel=1e-6)
+    assert stats["clip_high"].item() == 3.0
+    assert stats["clip_low"].item() == 1.0
+
+
+# ----------------------------------------------------------------------------------------- GSPO
+
+def gspo_example():
+    """Four rows, T = 3, eps 0.2 both sides. log-ratio per token (x = masked padding):
+
+    row  log-ratios           length  mean    s = exp(mean)   A
+    0    0.2   0.4   x(5.0)   2       0.3     1.3498588       +1
+    1    0.2   0.4   x(5.0)   2       0.3     1.3498588       -1
+    2    -0.5  x(3)  x(-4)    1       -0.5    0.6065307       +2
+    3    -0.1  -0.3  -0.5     3       -0.3    0.7408182       -0.5
+    """
+    log_ratio = torch.tensor([[0.2, 0.4, 5.0], [0.2, 0.4, 5.0], [-0.5, 3.0, -4.0], [-0.1, -0.3, -0.5]],
+                             dtype=torch.float64)
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -2.5], [-0.7, -1.0, -1.0],
+                         [-2.0, -0.2, -1.1]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach() - log_ratio
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    adv = torch.tensor([1.0, -1.0, 2.0, -0.5], dtype=torch.float64)
+    return logp, old, adv, mask
+
+
+def test_gspo_sequence_ratio_and_clip():
+    logp, old, adv, mask = gspo_example()
+    sur = POLICY_LOSSES["gspo"](logp, old, adv.unsqueeze(-1), mask, eps_low=0.2, eps_high=0.2,
+                                clip_c=3.0)
+    # row 0: min(1.3498588 * 1, 1.2 * 1) = 1.2 on every token (padding's 5.0 is not in the mean:
+    #        with it, s would be exp(5.6/3) = 6.47)
+    # row 1: min(-1.3498588, -1.2) = -1.3498588 (A < 0: the high clip does not act)
+    # row 2: min(0.6065307 * 2, 0.8 * 2) = 1.2130613 (A > 0 and s low: unclipped)
+    # row 3: min(0.7408182 * -0.5 = -0.3704091, 0.8 * -0.5 = -0.4) = -0.4 (low clip acts)
+    s = math.exp(0.3)
+    expected = [1.2, -s, 2 * math.exp(-0.5), -0.4]
+    for i in range(4):
+        assert sur.objective[i].tolist() == pytest.approx([expected[i]] * 3, rel=1e-14)
+    assert sur.clipped_high[:, 0].tolist() == [True, False, False, False]
+    assert sur.clipped_low[:, 0].tolist() == [False, False, False, True]
+
+
+def test_gspo_loss_gradient_and_stats_with_sequence_mean_weights():
+    logp, old, adv, mask = gspo_example()
+    # sequence_mean weights 1/(|o_i| N) sum to 1/N over a row, so the loss is
+    # -(1/N) sum_i min(s_i A_i, clip(s_i) A_i) = -(1/4)(1.2 - 1.3498588 + 1.2130613 - 0.4)
+    #   = -(1/4)(0.6632025) = -0.1658006
+    w = torch.tensor([[0.125, 0.125, 0.0], [0.125, 0.125, 0.0], [0.25, 0.0, 0.0], [1 / 12] * 3],
+                     dtype=torch.float64)
+    loss, stats = policy_loss(logp, old, None, adv, mask, w, loss_type="gspo", eps_low=0.2,
+                              eps_high=0.2)
+    s0, s2 = math.exp(0.3), math.exp(-0.5)
+    assert loss.item() == pytest.approx(-(1.2 - s0 + 2 * s2 - 0.4) / 4, rel=1e-14)
+    assert loss.item() == pytest.approx(-0.1658006, abs=1e-7)
+    loss.backward()
+    # d s_i / d logp_t = s_i / |o_i| on real tokens; clipped rows (0, 3) and padding get 0:
+    # row 1: -(1/4) * A s / 2 = -(1/4)(-1.3498588/2) = 0.1687324 on each real token
+    # row 2: -(1/4) * 2 * 0.6065307 / 1 = -0.3032653
+    assert logp.grad.tolist() == [[0.0, 0.0, 0.0],
+                                  pytest.approx([s0 / 8, s0 / 8, 0.0], rel=1e-14, abs=0),
+                                  pytest.approx([-s2 / 2, 0.0, 0.0], rel=1e-14, abs=0),
+                                  [0.0, 0.0, 0.0]]
+    # real tokens: 2 + 2 + 1 + 3 = 8; row 0's 2 real tokens clipped high, row 3's 3 clipped low
+    assert stats["tokens"].item() == 8.0
+    assert stats["clip_high"].item() == 2.0
+    assert stats["clip_low"].item() == 3.0
+
+
+# ---------------------------------------------------------------------------------------- CISPO
+
+# ratio e (A = 1.5), 1/e (A = -1.5), 1.1 (A = 2), e (A = -1); logp values so objective = w A logp
+CISPO_LOGP = [-0.5, -2.0, -1.0, -0.25]
+CISPO_LOG_RATIO = [1.0, -1.0, math.log(1.1), 1.0]
+CISPO_ADV = [1.5, -1.5, 2.0, -1.0]
+
+
+def cispo_case(loss_type):
+    logp = torch.tensor([CISPO_LOGP], dtype=torch.float64).T.requires_grad_()
+    old = logp.detach() - torch.tensor([CISPO_LOG_RATIO], dtype=torch.float64).T
+    loss, stats = policy_loss(logp, old, None, torch.tensor(CISPO_ADV, dtype=torch.float64),
+                              torch.ones(4, 1), torch.ones(4, 1, dtype=torch.float64),
+                              loss_type=loss_type, eps_low=0.2, eps_high=0.28)
+    loss.backward()
+    return loss.item(), logp.grad[:, 0].tolist(), stats
+
+
+def test_cispo_objective_and_gradient():
+    # weight = sg(clip(ratio, 0.8, 1.28)): [1.28, 0.8, 1.1, 1.28]
+    # objective w A logp: 1.28*1.5*-0.5 = -0.96; 0.8*-1.5*-2 = 2.4; 1.1*2*-1 = -2.2;
+    #   1.28*-1*-0.25 = 0.32; sum -0.96 + 2.4 - 2.2 + 0.32 = -0.44 -> loss 0.44
+    # d objective / d logp = w A (the weight is detached): [1.92, -1.2, 2.2, -1.28]; loss = -sum
+    loss, grad, stats = cispo_case("cispo")
+    assert loss == pytest.approx(0.44, rel=1e-14)
+    assert grad == pytest.approx([-1.92, 1.2, -2.2, 1.28], rel=1e-14)
+    # CISPO's clip acts on the weight whatever the sign of A: ratio > 1.28 at tokens 0, 3,
+    # ratio < 0.8 at token 1
+    assert stats["clip_high"].item() == 2.0
+    assert stats["clip_low"].item() == 1.0
+
+
+def test_token_clip_on_the_cispo_tokens_drops_the_clipped_gradients():
+    # token clip, same tokens: token 0 (ratio e > 1.28, A > 0) and token 1 (ratio 1/e < 0.8, A < 0)
+    # are clipped -> gradient 0, where CISPO kept 1.92 and -1.2. Token 2 (inside): r A = 2.2 as in
+    # CISPO. Token 3 (ratio e, A < 0) unclipped: r A = -e (CISPO: 1.28 * -1).
+    # loss = -(1.28*1.5 + 0.8*-1.5 + 1.1*2 + e*-1) = -(1.92 - 1.2 + 2.2 - 2.7182818) = -0.2017182
+    loss, grad, stats = cispo_case("clip")
+    assert loss == pytest.approx(-(1.92 - 1.2 + 2.2 - E), rel=1e-14)
+    assert grad == [0.0, 0.0, pytest.approx(-2.2, rel=1e-14), pytest.approx(E, rel=1e-14)]
+    assert stats["clip_high"].item() == 1.0
+    assert stats["clip_low"].item() == 1.0
+
+
+# -------------------------------------------------------------------------------- KL estimators
+
+@pytest.mark.parametrize("name, d, value, grad", [
+    # d = logp - ref; k1 = d, d k1/d logp = 1
+    ("k1", LN2, 0.6931472, 1.0),
+    ("k1", -LN2, -0.6931472, 1.0),
+    ("k1", 0.0, 0.0, 1.0),
+    # k2 = d^2/2 = 0.2402265 at ±ln 2; d k2/d logp = d
+    ("k2", LN2, 0.2402265, LN2),
+    ("k2", -LN2, 0.2402265, -LN2),
+    ("k2", 0.0, 0.0, 0.0),
+    # k3 = e^-d + d - 1: at ln 2: 0.5 + 0.6931472 - 1 = 0.1931472; at -ln 2: 2 - 0.6931472 - 1 =
+    # 0.3068528; d k3/d logp = 1 - e^-d: 0.5 and -1
+    ("k3", LN2, 0.1931472, 0.5),
+    ("k3", -LN2, 0.3068528, -1.0),
+    ("k3", 0.0, 0.0, 0.0),
+])
+def test_kl_estimator_values_and_gradients(name, d, value, grad):
+    ref = torch.tensor([-1.3], dtype=torch.float64)
+    logp = (ref + d).requires_grad_()
+    kl = KL_ESTIMATORS[name](logp, ref)
+    kl.sum().backward()
+    assert kl.item() == pytest.approx(value, abs=1e-7)
+    assert logp.grad.item() == pytest.approx(grad, abs=1e-12)
+    if d == 0.0:
+        assert kl.item() == 0.0
+
+
+@pytest.mark.parametrize("name, expected", [("k1", LN2), ("k2", LN2 ** 2 / 2),
+                                            ("k3", 0.5 + LN2 - 1)])
+def test_policy_loss_uses_the_chosen_kl_estimator(name, expected):
+    # one token, ratio 1, A = 0 -> the surrogate is 0; logp - ref = ln 2, beta 0.1, weight 1:
+    # loss = beta * KL; stats["kl"] = KL
+    logp = torch.tensor([[-1.0]], dtype=torch.float64)
+    loss, stats = policy_loss(logp, logp, logp - LN2, torch.tensor([0.0], dtype=torch.float64),
+                              torch.ones(1, 1), torch.ones(1, 1, dtype=torch.float64), beta=0.1,
+                              kl_estimator=name)
+    assert loss.item() == pytest.approx(0.1 * expected, rel=1e-14)
+    assert stats["kl"].item() == pytest.approx(expected, rel=1e-14)
+
+
+# --------------------------------------------------------------------------------- aggregations
+
+@pytest.mark.parametrize("name, row0, row1, total", [
+    # mask lengths [1, 3], T = 4, N = 2, max_tokens = 4
+    ("sequence_mean", 1 / 2, 1 / 6, 1.0),   # 1 / (|o_i| N): 1/(1*2), 1/(3*2)
+    ("token_mean", 1 / 4, 1 / 4, 1.0),      # 1 / sum|o_i| = 1/4
+    ("constant", 1 / 8, 1 / 8, 0.5),        # 1 / (max_tokens N) = 1/8; 4 tokens -> 1/2
+    ("sequence_sum", 1 / 2, 1 / 2, 2.0),    # 1 / N; 4 tokens -> 2
+])
+def test_aggregation_weights(name, row0, row1, total):
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0]])
+    w = AGGREGATIONS[name](mask, 4)
+    assert w.dtype == torch.float32
+    assert w.tolist() == [pytest.approx([row0, 0.0, 0.0, 0.0], rel=1e-7, abs=0),
+                          pytest.approx([row1, row1, row1, 0.0], rel=1e-7, abs=0)]
+    assert w.sum().item() == pytest.approx(total, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------ importance weights
+
+def test_is_weights_multiply_the_surrogate_not_the_kl():
+    # one row of two tokens, ratio 1, A = 1, beta 0.1, k3, weights 1/2 each (sequence mean, N = 1)
+    # token 0: logp - ref = ln 2 -> k3 0.1931472, d k3 = 0.5;  is weight 0.5
+    # token 1: logp - ref = -ln 2 -> k3 0.3068528, d k3 = -1;  is weight 2
+    # loss = -(1/2)[(0.5*1 - 0.1*0.1931472) + (2*1 - 0.1*0.3068528)] = -(1/2)(2.5 - 0.05) = -1.225
+    #   (weighting the KL too would give -(1/2)(2.5 - 0.0096574 - 0.0613706) = -1.2144860)
+    # gradient -(1/2)[is_t r A - beta d k3_t]: token 0 -(1/2)(0.5 - 0.05) = -0.225,
+    #   token 1 -(1/2)(2 + 0.1) = -1.05
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    ref = logp.detach() - torch.tensor([[LN2, -LN2]], dtype=torch.float64)
+    loss, _ = policy_loss(logp, logp.detach(), ref, torch.tensor([1.0], dtype=torch.float64),
+                          torch.ones(1, 2), torch.full((1, 2), 0.5, dtype=torch.float64), beta=0.1,
+                          is_weights=torch.tensor([[0.5, 2.0]], dtype=torch.float64))
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.225, rel=1e-14)
+    assert logp.grad.tolist() == [pytest.approx([-0.225, -1.05], rel=1e-14)]
+
+
+# ------------------------------------------------------------- gradient against a naive reference
+
+N_ROWS, T_NAIVE = 8, 6
+LENGTHS = [6, 3, 1, 5, 2, 4, 1, 6]
+ADV = [1.3, -0.7, 0.4, -1.1, 2.0, -1.6, -0.5, 0.9]
+BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.04, 0.2, 0.28, 3.0
+
+
+def naive_data():
+    rng = random.Random(1)
+    logp = [[-rng.uniform(0.05, 3.0) for _ in range(T_NAIVE)] for _ in range(N_ROWS)]
+    log_ratio = [[rng.uniform(-1.6, 1.6) for _ in range(T_NAIVE)] for _ in range(N_ROWS)]
+    old = [[logp[i][t] - log_ratio[i][t] for t in range(T_NAIVE)] for i in range(N_ROWS)]
+    ref = [[logp[i][t] + rng.gauss(0.0, 0.5) for t in range(T_NAIVE)] for i in range(N_ROWS)]
+    return logp, old, ref
+
+
+def clamp(x, lo, hi):
+    return min(max(x, lo), hi)
+
+
+def naive_kl(name, lp, rf):
+    """KL value and its derivative in logp, per the docstrings."""
+    d = lp - rf
+    if name == "k1":
+        return d, 1.0
+    if name == "k2":
+        return 0.5 * d * d, d
+    return math.exp(-d) + d - 1, 1 - math.exp(-d)
+
+
+def naive_loss_and_grad(loss_type, kl_name, logp, old, ref):
+    """-(1/N) sum_i 1/|o_i| sum_{t < |o_i|} (term_it - beta KL_it) and its gradient, plain floats.
+
+    clip:      term = min(r A, clip(r) A); d term = r A when the unclipped branch is the min, else 0
+    dual_clip: for A < 0, term = max(clip's term, c A); d term = 0 where c A wins
+    gspo:      s_i = exp(mean_t (logp - old)); term_it = min(s A, clip(s) A) for every t;
+               d (sum_t w_t term_i) / d logp_t = (1/N) * (s A / |o_i| if unclipped else 0)
+    cispo:     term = clip(r) A logp with clip(r) a constant; d term = clip(r) A
+    """
+    n = len(logp)
+    total = 0.0
+    grad = [[0.0] * len(logp[0]) for _ in range(n)]
+    for i in range(n):
+        L, a = LENGTHS[i], ADV[i]
+        if loss_type == "gspo":
+            s = math.exp(sum(logp[i][t] - old[i][t] for t in range(L)) / L)
+            unclipped, clipped = s * a, clamp(s, 1 - EPS_LOW, 1 + EPS_HIGH) * a
+            seq_term = min(unclipped, clipped)
+            seq_grad = s * a / L if unclipped <= clipped else 0.0
+        row = 0.0
+        for t in range(L):
+            r = math.exp(logp[i][t] - old[i][t])
+            if loss_type == "gspo":
+                term, dterm_total = seq_term, seq_grad  # seq_grad already summed over the row
+            elif loss_type == "cispo":
+                term, dterm_total = clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a * logp[i][t], None
+                dterm = clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a
+            else:
+                unclipped, clipped = r * a, clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a
+                term, dterm = min(unclipped, clipped), (r * a if unclipped <= clipped else 0.0)
+                if loss_type == "dual_clip" and a < 0 and term < CLIP_C * a:
+                    term, dterm = CLIP_C * a, 0.0
+            kl, dkl = naive_kl(kl_name, logp[i][t], ref[i][t])
+            row += term - BETA * kl
+            if loss_type == "gspo":
+                grad[i][t] = -(dterm_total - BETA * dkl / L) / n
+            else:
+                grad[i][t] = -(dterm - BETA * dkl) / L / n
+        total += row / L
+    return -total / n, grad
+
+
+def test_naive_data_cover_every_branch():
+    logp, old, _ = naive_data()
+    tokens = [(math.exp(logp[i][t] - old[i][t]), ADV[i])
+              for i in range(N_ROWS) for t in range(LENGTHS[i])]
+    seqs = [(math.exp(sum(logp[i][t] - old[i][t] for t in range(LENGTHS[i])) / LENGTHS[i]), ADV[i])
+            for i in range(N_ROWS)]
+    for pairs in (tokens, seqs):
+        assert any(r > 1 + EPS_HIGH and a > 0 for r, a in pairs)   # high clip acts
+        assert any(r > 1 + EPS_HIGH and a < 0 for r, a in pairs)   # high ratio, not clipped
+        assert any(r < 1 - EPS_LOW and a < 0 for r, a in pairs)    # low clip acts
+        assert any(r < 1 - EPS_LOW and a > 0 for r, a in pairs)    # low ratio, not clipped
+        assert any(1 - EPS_LOW < r < 1 + EPS_HIGH for r, a in pairs)
+    assert any(r > CLIP_C and a < 0 for r, a in tokens)             # the dual floor acts
+    assert any(1 + EPS_HIGH < r < CLIP_C and a < 0 for r, a in tokens)  # ... and does not
+
+
+@pytest.mark.parametrize("kl_name", list(KL_ESTIMATORS))
+@pytest.mark.parametrize("loss_type", list(POLICY_LOSSES))
+def test_gradient_matches_naive_reference_float64(loss_type, kl_name):
+    logp, old, ref = naive_data()
+    expected_loss, expected_grad = naive_loss_and_grad(loss_type, kl_name, logp, old, ref)
+
+    lp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1 if t < LENGTHS[i] else 0 for t in range(T_NAIVE)] for i in range(N_ROWS)])
+    # sequence_mean weights 1/(|o_i| N), built in float64 (the aggregation returns float32)
+    weights = torch.tensor([[1.0 / (LENGTHS[i] * N_ROWS) if t < LENGTHS[i] else 0.0
+                             for t in range(T_NAIVE)] for i in range(N_ROWS)], dtype=torch.float64)
+    f64 = dict(dtype=torch.float64)
+    loss, _ = policy_loss(lp, torch.tensor(old, **f64), torch.tensor(ref, **f64),
+                          torch.tensor(ADV, **f64), mask, weights, loss_type=loss_type, beta=BETA, kl_estimator=kl_name,
+                          eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=CLIP_C)
+    loss.backward()
+    assert loss.dtype == torch.float64
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-12)
+    torch.testing.assert_close(lp.grad, torch.tensor(expected_grad, dtype=torch.float64),
+                               rtol=1e-10, atol=1e-15)
+    assert (lp.grad[mask == 0] == 0).all()  # padding gets exactly no gradient
+
+
+def test_k3_on_padding_with_very_negative_logp_does_not_poison_the_loss():
+    # accumulate_gradients passes the unmasked logp of padding tokens (log p of the pad token) with
+    # ref_logprobs that logprobs_of zeroed there. At a low sampling temperature that logp can be below
+    # -88.7, where exp(0 - logp) overflows float32. The padding token has weight 0, so the loss must
+    # equal the one with a harmless padding value: one real token, ratio 1, A = 1, logp = ref
+    # -> loss = -1 and d loss / d logp = [-1, 0] (k3 and its gradient are 0 at logp = ref).
+    logp = torch.tensor([[-1.0, -100.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, 0.0]])
+    ref = torch.tensor([[-1.0, 0.0]])
+    mask = torch.tensor([[1, 0]])
+    loss, stats = policy_loss(logp, old, ref, torch.tensor([1.0]), mask, torch.tensor([[1.0, 0.0]]),
+                              beta=0.04, kl_estimator="k3")
+    loss.backward()
+    assert loss.item() == -1.0
+    assert logp.grad.tolist() == [[-1.0, 0.0]]
+    assert stats["kl"].item() == 0.0
+
+
+# ------------------------------------------------------------------ micro-batching, tiny model
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # tiny_model_dir (conftest): build_tiny(..., hidden_size=32, layers=2, heads=2), built once
+    yield load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    torch.set_num_threads(threads)
+
+
+# Copied from tests/test_update.py: six rows, two prompts, group size 3, lengths 5, 2, 3, 4, 1, 5.
+COMPLETIONS = ["12+3=", "7", "no", "<think>x</think>", "", "abcdefg"]
+WITH_EOS = [False, True, True, True, True, False]
+T = 5
+
+
+def make_rollout(tok) -> Rollout:
+    prompts = ["ab", "hello"]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    rows = []
+    for text, eos in zip(COMPLETIONS, WITH_EOS):
+        ids = tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else [])
+        ids = ids[:T]
+        rows.append(ids + [tok.pad_token_id] * (T - len(ids)))
+    completion_ids = torch.tensor(rows)
+    completion_mask = mask_from_lengths(completion_lengths(completion_ids, tok.eos_token_id), T)
+    return Rollout(
+        prompts=[p for p in prompts for _ in range(3)], completions=COMPLETIONS,
+        group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
+        prompt_ids=enc.input_ids.repeat_interleave(3, 0),
+        prompt_mask=enc.attention_mask.repeat_interleave(3, 0),
+        completion_ids=completion_ids, completion_mask=completion_mask,
+        sampler_logprobs=torch.zeros(6, T), truncated=torch.tensor([not e for e in WITH_EOS]),
+    )
+
+
+def rollout_with(policy, tok, log_ratios, advantages):
+    """The six-row rollout with old = current - log_ratio (so ratio = exp(log_ratio) on real tokens,
+    up to float32 recomputation) and a ref off by N(0, 0.2)."""
+    rollout = make_rollout(tok)
+    assert rollout.completion_mask.sum(-1).tolist() == [5, 2, 3, 4, 1, 5]
+    mask = rollout.completion_mask
+    current = logprobs_of(policy, rollout, micro_batch_size=6)
+    gen = torch.Generator().manual_seed(0)
+    rollout.old_logprobs = (current - torch.tensor(log_ratios)) * mask
+    rollout.ref_logprobs = (current + 0.2 * torch.randn(current.shape, generator=gen)) * mask
+    rollout.advantages = torch.tensor(advantages)
+    return rollout
+
+
+# Per-token log-ratios (padding entries unused). Row means -> sequence ratio s for GSPO:
+#   row 0 (A  1.0): mean 0.4   s 1.49 > 1.28, clipped;   token 1.5: ratio 4.48
+#   row 1 (A -0.5): mean 1.15  s 3.16, A < 0 unclipped;  tokens e^1.4 = 4.06, e^0.9 = 2.46: one
+#                   beyond c = 3 (dual floor), one between 1.28 and 3
+#   row 2 (A  0.3): mean -0.25 s 0.78 < 0.8, A > 0 unclipped
+#   row 3 (A -1.2): mean -0.175 s 0.84, inside; token -0.5 -> 0.61 < 0.8, A < 0: low clip
+#   row 4 (A  0.8): 0.35 -> 1.42, clipped high
+#   row 5 (A -0.4): mean -0.3  s 0.74 < 0.8, A < 0: low clip
+MIXED_LOG_RATIOS = [[0.5, -0.4, 0.1, 1.5, 0.3],
+                    [1.4, 0.9, 0.0, 0.0, 0.0],
+                    [-0.6, -0.2, 0.05, 0.0, 0.0],
+                    [-0.5, -0.1, -0.3, 0.2, 0.0],
+                    [0.35, 0.0, 0.0, 0.0, 0.0],
+                    [-0.9, -0.3, 0.2, -0.4, -0.1]]
+MIXED_ADV = [1.0, -0.5, 0.3, -1.2, 0.8, -0.4]
+LOSS_KW = dict(beta=0.04, kl_estimator="k3", eps_low=0.2, eps_high=0.28, clip_c=3.0)
+
+
+def grads_and_stats(policy, rollout, micro_batch_size, **kw):
+    policy.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, **kw)
+    grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
+    policy.zero_grad(set_to_none=True)
+    return grads, stats
+
+
+@pytest.fixture(scope="module")
+def mixed_rollout(tiny):
+    policy, tok = tiny
+    return rollout_with(policy, tok, MIXED_LOG_RATIOS, MIXED_ADV)
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+@pytest.mark.parametrize("loss_type", list(POLICY_LOSSES))
+def test_micro_batching_leaves_loss_and_gradient_unchanged(tiny, mixed_rollout, loss_type,
+                                                           aggregation):
+    policy, _ = tiny
+    kw = dict(aggregation=aggregation, max_tokens=T, loss_type=loss_type, **LOSS_KW)
+    whole_grads, whole = grads_and_stats(policy, mixed_rollout, 6, **kw)
+    scale = max(g.abs().max().item() for g in whole_grads.values())
+    assert scale > 1e-3  # the gradient is not trivially zero
+    assert 0 < whole["clip/frac"] < 1  # some tokens clipped, some not
+    for size in (2, 1):
+        grads, stats = grads_and_stats(policy, mixed_rollout, size, **kw)
+        assert grads.keys() == whole_grads.keys()
+        for name, g in grads.items():
+            torch.testing.assert_close(g, whole_grads[name], rtol=1e-6, atol=1e-6 * scale,
+                                       msg=lambda m: f"micro_batch_size={size}, {name}: {m}")
+        # abs 1e-6 for the loss: CISPO's loss sums w c A logp terms with |logp| ~ 4.6 (about 11 in
+        # all under sequence_sum) that cancel to ~0.02, so float32 summation order moves it ~4e-7
+        assert stats["loss"] == pytest.approx(whole["loss"], rel=1e-6, abs=1e-6), size
+        for key in ("kl", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy"):
+            assert stats[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-7), (size, key)
+
+
+def test_micro_batching_with_is_weights(tiny, mixed_rollout):
+    policy, _ = tiny
+    gen = torch.Generator().manual_seed(1)
+    is_weights = (0.5 + torch.rand(6, T, generator=gen)) * mixed_rollout.completion_mask
+    kw = dict(aggregation="token_mean", max_tokens=T, loss_type="clip", is_weights=is_weights,
+              **LOSS_KW)
+    whole_grads, whole = grads_and_stats(policy, mixed_rollout, 6, **kw)
+    plain_grads, plain = grads_and_stats(policy, mixed_rollout, 6, **{**kw, "is_weights": None})
+    assert whole["loss"] != pytest.approx(plain["loss"], rel=1e-3)  # the weights do act
+    scale = max(g.abs().max().item() for g in whole_grads.values())
+    for size in (4, 1):
+        grads, stats = grads_and_stats(policy, mixed_rollout, size, **kw)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, whole_grads[name], rtol=1e-6, atol=1e-6 * scale)
+        assert stats["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type, low, high", [
+    # one log-ratio per row, lengths [5, 2, 3, 4, 1, 5] = 20 tokens:
+    #   row 0: +1   (ratio e = 2.72),  A +1    row 1: -1 (ratio 0.37), A -0.5
+    #   row 2: +1   (ratio e),         A -1    row 3: -1 (ratio 0.37), A +0.8
+    #   row 4: 0    (ratio 1),         A +0.5  row 5: +1.5 (ratio 4.48 > c = 3), A -0.4
+    # clip:      high row 0 (5), low row 1 (2); rows 2, 5 (A < 0, high ratio), 3 (A > 0, low) not
+    ("clip", 2, 5),
+    # dual_clip: as clip, plus row 5's 5 tokens floored at c A -> counted high: 10
+    #            (row 2's ratio e < 3: no floor)
+    ("dual_clip", 2, 10),
+    # gspo: a constant log-ratio per row makes s equal to the token ratio: same as clip
+    ("gspo", 2, 5),
+    # cispo: whatever A: ratio < 0.8 rows 1, 3 (2 + 4 = 6); ratio > 1.28 rows 0, 2, 5 (5 + 3 + 5 = 13)
+    ("cispo", 6, 13),
+])
+def test_clip_fractions_from_accumulate_gradients(tiny, loss_type, low, high):
+    policy, tok = tiny
+    log_ratios = [[r] * T for r in (1.0, -1.0, 1.0, -1.0, 0.0, 1.5)]
+    rollout = rollout_with(policy, tok, log_ratios, [1.0, -0.5, -1.0, 0.8, 0.5, -0.4])
+    _, stats = grads_and_stats(policy, rollout, 2, aggregation="sequence_mean", max_tokens=T,
+                               loss_type=loss_type, **LOSS_KW)
+    assert stats["clip/frac_low"] == pytest.approx(low / 20, abs=1e-12)
+    assert stats["clip/frac_high"] == pytest.approx(high / 20, abs=1e-12)
+    assert stats["clip/frac"] == pytest.approx((low + high) / 20, abs=1e-12)
+    # token ratios: 5e + 2/e + 3e + 4/e + 1 + 5 e^1.5 = 8e + 6/e + 1 + 5 e^1.5
+    #   = 21.7462546 + 2.2072766 + 1 + 22.4084454 = 47.3619766 over 20 tokens = 2.3680988
+    assert stats["ratio/mean"] == pytest.approx((8 * E + 6 / E + 1 + 5 * math.exp(1.5)) / 20, rel=1e-6)
