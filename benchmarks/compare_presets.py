@@ -29,20 +29,31 @@ def run(name: str, extra: list[str]) -> tuple[str, float]:
     return name, time.perf_counter() - start
 
 
+def table(seconds: dict[str, float]) -> str:
+    lines = ["| preset | eval/accuracy at step 0 | best | at the last step | mean train reward, last 20 steps | steps | wall s |",
+             "|---|---|---|---|---|---|---|"]
+    for name in ALGORITHMS:
+        path = Path("runs/presets") / name / "metrics.jsonl"
+        metrics = [json.loads(x) for x in path.read_text().splitlines()]
+        evals = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
+        rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m][-20:]
+        wall = f"{seconds[name]:.0f}" if name in seconds else "-"
+        lines.append(f"| {name} | {evals[0]:.3f} | {max(evals):.3f} | {evals[-1]:.3f} | "
+                     f"{sum(rewards) / len(rewards):.3f} | {metrics[-1]['step']} | {wall} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--table-only", action="store_true", help="only read runs/presets/*")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        seconds = dict(pool.map(lambda n: run(n, args.overrides), ALGORITHMS))
-    print("| preset | eval/accuracy at step 0 | at the last step | steps | wall s |")
-    print("|---|---|---|---|---|")
-    for name in ALGORITHMS:
-        metrics = [json.loads(x) for x in (Path("runs/presets") / name / "metrics.jsonl").read_text().splitlines()]
-        evals = [m for m in metrics if "eval/accuracy" in m]
-        print(f"| {name} | {evals[0]['eval/accuracy']:.3f} | {evals[-1]['eval/accuracy']:.3f} | "
-              f"{evals[-1]['step']} | {seconds[name]:.0f} |")
+    seconds: dict[str, float] = {}
+    if not args.table_only:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            seconds = dict(pool.map(lambda n: run(n, args.overrides), ALGORITHMS))
+    print(table(seconds))
 
 
 if __name__ == "__main__":

@@ -158,3 +158,15 @@ def test_masked_truncated_rows_take_no_part(tiny_model_dir):
     assert loss_masked == pytest.approx(loss_alone, abs=1e-7)
     for a, b in zip(g_masked, g_alone):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_and_trainer_log_probs_agree(tmp_path, temperature):
+    # HF generate and the trainer's forward see the same tempered distribution, so truncated
+    # importance sampling measures a difference at float noise level and weights of 1.
+    c = build_config({"steps": 1, "sft_steps": 0, "eval_every": 0, "tis_cap": 2.0,
+                      "temperature": temperature, "prompts_per_step": 4, "group_size": 4,
+                      "output_dir": str(tmp_path)})
+    m = train(c, log=lambda s: None, write_files=False).history[0]
+    assert m["sampler/logp_diff"] < 1e-4
+    assert m["tis/weight_mean"] == pytest.approx(1.0, abs=1e-4)
