@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -12,3 +13,15 @@ def tiny_model_dir(tmp_path_factory):
     """A small randomly initialised model directory, saved with save_pretrained."""
     from grpo.models import build_tiny
     return build_tiny(tmp_path_factory.mktemp("tiny"), hidden_size=32, layers=2, heads=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    # One thread: a model this small is faster that way, and it keeps these tests fast when the CPU
+    # is shared (two threads contending with another process made them 6x slower).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # tiny_model_dir (conftest): build_tiny(..., hidden_size=32, layers=2, heads=2), built once
+    from grpo.models import load_policy, load_tokenizer
+    yield load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    torch.set_num_threads(threads)

@@ -3,49 +3,11 @@
 import pytest
 import torch
 
-from grpo.models import load_policy, load_tokenizer
-from grpo.rollout import Rollout
-from grpo.sampling import completion_lengths, mask_from_lengths
+from helpers import make_rollout
 from grpo.update import accumulate_gradients, logprobs_of, make_scheduler, micro_batches
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    # One thread: a model this small is faster that way, and it keeps these tests fast when the CPU
-    # is shared (two threads contending with another process made them 6x slower).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    # tiny_model_dir (conftest): build_tiny(..., hidden_size=32, layers=2, heads=2), built once
-    yield load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
-    torch.set_num_threads(threads)
 
-
-# Completion texts per row; the EOS (or its absence: truncated) decides each row's length.
-COMPLETIONS = ["12+3=", "7", "no", "<think>x</think>", "", "abcdefg"]
-WITH_EOS = [False, True, True, True, True, False]
-T = 5
-
-
-def make_rollout(tok) -> Rollout:
-    """Six rows (two prompts of different lengths, group size 3), completions of lengths 5,2,3,4,1,5."""
-    prompts = ["ab", "hello"]
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    rows = []
-    for text, eos in zip(COMPLETIONS, WITH_EOS):
-        ids = tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else [])
-        ids = ids[:T]
-        rows.append(ids + [tok.pad_token_id] * (T - len(ids)))
-    completion_ids = torch.tensor(rows)
-    lengths = completion_lengths(completion_ids, tok.eos_token_id)
-    completion_mask = mask_from_lengths(lengths, T)
-    return Rollout(
-        prompts=[p for p in prompts for _ in range(3)], completions=COMPLETIONS,
-        group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
-        prompt_ids=enc.input_ids.repeat_interleave(3, 0),
-        prompt_mask=enc.attention_mask.repeat_interleave(3, 0),
-        completion_ids=completion_ids, completion_mask=completion_mask,
-        sampler_logprobs=torch.zeros(6, T), truncated=torch.tensor([not e for e in WITH_EOS]),
-    )
 
 
 def test_hand_built_rollout_has_the_intended_lengths(tiny):

@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, policy_loss
-from grpo.models import load_policy, load_tokenizer
-from grpo.rollout import Rollout
-from grpo.sampling import completion_lengths, mask_from_lengths
+from helpers import T, make_rollout
 from grpo.update import accumulate_gradients, logprobs_of
 
 LN2 = math.log(2.0)
@@ -410,41 +408,6 @@ def test_k3_on_padding_with_very_negative_logp_does_not_poison_the_loss():
 
 
 # ------------------------------------------------------------------ micro-batching, tiny model
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    # tiny_model_dir (conftest): build_tiny(..., hidden_size=32, layers=2, heads=2), built once
-    yield load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
-    torch.set_num_threads(threads)
-
-
-# Copied from tests/test_update.py: six rows, two prompts, group size 3, lengths 5, 2, 3, 4, 1, 5.
-COMPLETIONS = ["12+3=", "7", "no", "<think>x</think>", "", "abcdefg"]
-WITH_EOS = [False, True, True, True, True, False]
-T = 5
-
-
-def make_rollout(tok) -> Rollout:
-    prompts = ["ab", "hello"]
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    rows = []
-    for text, eos in zip(COMPLETIONS, WITH_EOS):
-        ids = tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else [])
-        ids = ids[:T]
-        rows.append(ids + [tok.pad_token_id] * (T - len(ids)))
-    completion_ids = torch.tensor(rows)
-    completion_mask = mask_from_lengths(completion_lengths(completion_ids, tok.eos_token_id), T)
-    return Rollout(
-        prompts=[p for p in prompts for _ in range(3)], completions=COMPLETIONS,
-        group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
-        prompt_ids=enc.input_ids.repeat_interleave(3, 0),
-        prompt_mask=enc.attention_mask.repeat_interleave(3, 0),
-        completion_ids=completion_ids, completion_mask=completion_mask,
-        sampler_logprobs=torch.zeros(6, T), truncated=torch.tensor([not e for e in WITH_EOS]),
-    )
-
 
 def rollout_with(policy, tok, log_ratios, advantages):
     """The six-row rollout with old = current - log_ratio (so ratio = exp(log_ratio) on real tokens,
