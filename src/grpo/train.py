@@ -7,6 +7,10 @@
             3. normalize rewards within each group               (advantages.py)
             4. mu times: clipped-surrogate update, pi_old fixed  (loss.py, update.py)
 
+The variants (Dr. GRPO, DAPO, GSPO, CISPO, RLOO) change which table entry steps 3 and 4 use and
+switch on the extras in `grpo_step` (dynamic sampling, overlong shaping, KL in the reward,
+truncated importance sampling); docs/algorithms.md lists them.
+
 Departures, on purpose: with mu = 1 the old log-probs equal the current ones, so no extra forward
 pass computes them (the ratio is 1 and the gradient is the same); `beta = 0` loads no reference.
 """
