@@ -74,9 +74,12 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     rewards: list[str] = field(default_factory=list)
-    """Reward functions by name from `grpo.rewards`; empty uses the task's own reward."""
+    """Reward functions: built-in names or `module:function`; empty uses the task's own reward."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function; empty weighs each 1.0. The reward is the weighted sum."""
+    reward_on_error: str = "raise"
+    """When a reward function raises: `raise` stops naming it and the sample; `skip` marks the
+    sample unscorable (left out of its group, counted in reward/unscorable)."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,8 @@ def validate(config: TrainConfig) -> None:
                           f"got {c['overlong_buffer']}")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
+    if c["reward_on_error"] not in ("raise", "skip"):
+        raise ConfigError(f"config key 'reward_on_error' must be raise or skip, got {c['reward_on_error']!r}")
     if c["reward_weights"] and len(c["reward_weights"]) != len(c["rewards"]):
         raise ConfigError(f"config key 'reward_weights' has {len(c['reward_weights'])} weights for "
                           f"{len(c['rewards'])} reward functions in 'rewards'; give one per function")

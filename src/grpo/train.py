@@ -197,7 +197,8 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
 def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
     """Weighted sum of the reward functions (plus DAPO's overlong penalty); None becomes NaN."""
     totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
-                                           rollout.completions, rollout.columns)
+                                           rollout.completions, rollout.columns,
+                                           on_error=c.reward.reward_on_error)
     if c.loss.overlong_buffer > 0:
         penalty = overlong_penalty(rollout.completion_mask.sum(-1).tolist(), c.sampling.max_new_tokens,
                                    round(c.loss.overlong_buffer * c.sampling.max_new_tokens),

@@ -8,7 +8,10 @@ wrong length or a non-finite value is an error that names the function.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
+import sys
 from typing import Callable
 
 from grpo.rewards.countdown import countdown_equation
@@ -30,9 +33,32 @@ class RewardError(ValueError):
     """A reward function broke the contract; the message names it."""
 
 
+def _import_from_here(module_name: str):
+    """Import a module, looking in the working directory too (where a user's reward file lives)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        if os.getcwd() in sys.path:
+            raise
+        sys.path.insert(0, os.getcwd())
+        return importlib.import_module(module_name)
+
+
 def get_reward(name: str) -> RewardFn:
+    """A built-in by name, or any function as `module:function` (the module must be importable)."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = _import_from_here(module_name)
+        except ImportError as e:
+            raise RewardError(f"reward function '{name}': cannot import module '{module_name}' ({e})") from None
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise RewardError(f"reward function '{name}': module '{module_name}' has no function '{attr}'")
+        return fn
     if name not in REWARDS:
-        raise RewardError(f"unknown reward function '{name}'; built-ins are {sorted(REWARDS)}")
+        raise RewardError(f"unknown reward function '{name}'; built-ins are {sorted(REWARDS)}, "
+                          "or give your own as module:function")
     return REWARDS[name]
 
 
@@ -52,8 +78,32 @@ def unique_names(fns: list[RewardFn]) -> list[str]:
     return names
 
 
+def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
+          columns: dict[str, list], on_error: str) -> list:
+    """Call `fn` on the batch; if it raises, find the samples that fail one at a time, then stop
+    with an error that names the function and the first failing sample (`raise`) or mark the
+    failing samples unscorable (`skip`)."""
+    try:
+        return fn(prompts, completions, **columns)
+    except Exception:  # noqa: BLE001 - a user's function may raise anything; we name it below
+        pass
+    values: list = []
+    for i in range(len(completions)):
+        try:
+            values += list(fn(prompts[i:i + 1], completions[i:i + 1],
+                              **{k: v[i:i + 1] for k, v in columns.items()}))
+        except Exception as e:  # noqa: BLE001
+            if on_error == "raise":
+                raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on sample "
+                                  f"{i} (completion {completions[i][:60]!r}); fix it, or set "
+                                  "reward_on_error=skip to count such samples as unscorable") from e
+            values.append(None)
+    return values
+
+
 def score(fns: list[RewardFn], weights: list[float], prompts: list[str], completions: list[str],
-          columns: dict[str, list]) -> tuple[list[float | None], dict[str, list[float | None]]]:
+          columns: dict[str, list], on_error: str = "raise"
+          ) -> tuple[list[float | None], dict[str, list[float | None]]]:
     """Weighted sum of every function's reward; None where any function could not score a row.
 
     Returns the totals [N] and each function's own rewards by name.
@@ -62,7 +112,7 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     names = unique_names(fns)
     per_fn: dict[str, list[float | None]] = {}
     for fn, name in zip(fns, names):
-        values = fn(prompts, completions, **columns)
+        values = _call(fn, name, prompts, completions, columns, on_error)
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise RewardError(f"reward function '{name}' returned {got} values for {n} completions; "
