@@ -9,7 +9,8 @@ ROOT = Path(grpo.__file__).parent
 LAYERS = [
     {"config", "rollout"},                                              # vocabulary
     {"rewards", "advantages", "loss"},                                  # algorithm (pure)
-    {"models", "data", "tasks", "distributed", "checkpoint", "tracking"},  # infrastructure
+    {"models", "data", "tasks", "distributed", "checkpoint", "tracking",
+     "reward_sources"},                                                 # infrastructure
     {"sampling", "update"},                                             # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain"},     # composition
 ]

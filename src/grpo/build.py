@@ -17,6 +17,7 @@ from grpo.config import ConfigError, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
+from grpo.reward_sources import RewardModel, RewardServer
 from grpo.rewards import RewardFn, get_reward, math_accuracy
 from grpo.tasks import get_task
 
@@ -34,6 +35,15 @@ class Data:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """`model:DIR` a reward model, `http(s)://...` a reward server, else a function by name."""
+    if name.startswith(("http://", "https://")):
+        return RewardServer(name)
+    if name.startswith("model:"):
+        return RewardModel(name.removeprefix("model:"))
+    return get_reward(name)
 
 
 def check_choices(config: TrainConfig) -> None:
@@ -82,7 +92,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None) -> 
         demonstrations = [(r["prompt"], task.demonstration(r)) for r in train_rows]
     if reward_fns is None:
         names = config.reward.rewards or default_rewards
-        reward_fns = [get_reward(n) for n in names]
+        reward_fns = [resolve_reward(n) for n in names]
     weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
     if len(weights) != len(reward_fns):
         raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "

@@ -74,7 +74,8 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     rewards: list[str] = field(default_factory=list)
-    """Reward functions: built-in names or `module:function`; empty uses the task's own reward."""
+    """Reward functions: built-in names, `module:function`, `model:DIR` (a reward model) or an
+    http(s) URL (a reward server); empty uses the task's own reward."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function; empty weighs each 1.0. The reward is the weighted sum."""
     reward_on_error: str = "raise"

@@ -85,6 +85,8 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     failing samples unscorable (`skip`)."""
     try:
         return fn(prompts, completions, **columns)
+    except RewardError:
+        raise  # already names its source (a reward server that failed, say)
     except Exception:  # noqa: BLE001 - a user's function may raise anything; we name it below
         pass
     values: list = []
