@@ -72,3 +72,20 @@ def test_raising_reward_on_the_command_line_is_one_line(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "reward function 'always' raised KeyError" in lines[0]
     assert "reward_on_error=skip" in lines[0]
+
+
+def test_reward_functions_of_a_step_run_concurrently():
+    # Each function waits at a two-party barrier: the step scores only if both run at once.
+    import threading
+    barrier = threading.Barrier(2, timeout=10)
+
+    def first(prompts, completions, **columns):
+        barrier.wait()
+        return [1.0] * len(completions)
+
+    def second(prompts, completions, **columns):
+        barrier.wait()
+        return [2.0] * len(completions)
+
+    totals, _ = score([first, second], [1.0, 0.5], ["p"], ["c"], {})
+    assert totals == [2.0]   # 1 * 1.0 + 0.5 * 2.0

@@ -38,7 +38,7 @@ def test_gsm8k_jsonl_loads_as_is(tmp_path):
     rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"}]
     f.write_text("\n".join(json.dumps(r) for r in rows))
     out = load_rows(str(f), "question", "answer")
-    assert out == [{"prompt": rows[0]["question"], "answer": "3+4=7\n#### 7"}]
+    assert out == [{"prompt": rows[0]["question"], "answer": "3+4=7\n#### 7", "_row": 0}]
 
 
 def test_csv_and_parquet_with_custom_columns(tmp_path):

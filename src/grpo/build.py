@@ -15,10 +15,11 @@ import torch
 from grpo.advantages import ADVANTAGES
 from grpo.config import ConfigError, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.data import format_prompt, load_rows
+from grpo.data import DataError, format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
 from grpo.reward_sources import RewardModel, RewardServer
 from grpo.rewards import RewardFn, get_reward, math_accuracy
+from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task
 
 
@@ -44,6 +45,14 @@ def resolve_reward(name: str) -> RewardFn:
     if name.startswith("model:"):
         return RewardModel(name.removeprefix("model:"))
     return get_reward(name)
+
+
+def check_golds(path: str, rows: list[dict]) -> None:
+    """Parse every gold answer once, at load; one that holds no value is an error naming its row."""
+    for row in rows:
+        if not parsed_gold(row["answer"]):
+            raise DataError(f"{path} row {row['_row'] + 1}: answer {str(row['answer'])[:80]!r} holds no "
+                            "value math_accuracy can compare with; fix the row or drop it")
 
 
 def check_choices(config: TrainConfig) -> None:
@@ -93,6 +102,8 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None) -> 
     if reward_fns is None:
         names = config.reward.rewards or default_rewards
         reward_fns = [resolve_reward(n) for n in names]
+    if d.dataset and math_accuracy in reward_fns:
+        check_golds(d.dataset, train_rows)
     weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
     if len(weights) != len(reward_fns):
         raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "

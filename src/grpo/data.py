@@ -35,8 +35,9 @@ def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "t
         raise DataError(f"{path}: no prompt column '{prompt_column}' (columns: {columns}); "
                         "set prompt_column=NAME")
     rows = []
-    for record in table:
+    for number, record in enumerate(table):
         row = {k: v for k, v in record.items() if k not in (source_prompt, answer_column)}
+        row["_row"] = number  # the file's row, for errors that name it
         row["prompt"] = str(record[source_prompt])
         row["answer"] = record.get(answer_column)
         rows.append(row)
@@ -73,5 +74,5 @@ class PromptStream:
 
 def columns_of(rows: list[dict], repeat: int) -> dict[str, list]:
     """Every column but `prompt`, each value repeated for the `repeat` members of its group."""
-    keys = [k for k in rows[0] if k != "prompt"]
+    keys = [k for k in rows[0] if k not in ("prompt", "_row")]
     return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in keys}

@@ -12,6 +12,7 @@ import importlib
 import math
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from grpo.rewards.countdown import countdown_equation
@@ -113,8 +114,11 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     n = len(completions)
     names = unique_names(fns)
     per_fn: dict[str, list[float | None]] = {}
-    for fn, name in zip(fns, names):
-        values = _call(fn, name, prompts, completions, columns, on_error)
+    # The functions run concurrently: a reward model, a server and math workers overlap their waits.
+    with ThreadPoolExecutor(max_workers=max(1, len(fns))) as pool:
+        outputs = list(pool.map(lambda fn_name: _call(fn_name[0], fn_name[1], prompts, completions,
+                                                      columns, on_error), zip(fns, names)))
+    for name, values in zip(names, outputs):
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise RewardError(f"reward function '{name}' returned {got} values for {n} completions; "

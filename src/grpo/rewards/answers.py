@@ -12,27 +12,29 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _GSM8K = re.compile(r"####\s*([^\n]+)")
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _PROSE = re.compile(r"[a-zA-Z]{2,}")
+_CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|^\s*A:", re.IGNORECASE | re.MULTILINE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
 
-def _last_boxed(text: str) -> str | None:
-    """Contents of the last \\boxed{...}, braces balanced."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None
+def boxed_answers(text: str) -> list[str]:
+    """Contents of every \\boxed{...}, braces balanced, in order."""
+    out, start = [], text.find("\\boxed{")
+    while start >= 0:
+        i, depth = start + len("\\boxed{"), 1
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                out.append(text[i:j].strip())
+                break
+        start = text.find("\\boxed{", start + 1)
+    return out
 
 
 def _marked_answer(text: str) -> str | None:
     """The answer a writer marked: last \\boxed{}, else last <answer>..</answer>, else `#### n`."""
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
+    boxed = boxed_answers(text)
+    if boxed:
+        return boxed[-1]
     tags = _ANSWER_TAG.findall(text)
     if tags:
         return tags[-1].strip()
@@ -41,10 +43,15 @@ def _marked_answer(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """A completion's final answer: the marked one, else the last number in the text."""
+    """A completion's final answer: the marked one, else a closing "the answer is ..." or "A: ...",
+    else the last number in the text."""
     marked = _marked_answer(text)
     if marked is not None:
         return marked
+    closing = list(_CLOSING.finditer(text))
+    if closing:
+        rest = text[closing[-1].end():].split("\n", 1)[0]
+        return rest.strip().lstrip(":").strip().rstrip(".").strip() or None
     numbers = _NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
 
@@ -66,23 +73,63 @@ def _parse(text: str) -> list:
     return parse(f"${text}$") or parse(text)
 
 
+def verify_against(gold_parsed: list, predicted: str) -> bool:
+    """Parse a completion's answer and compare it with a parsed gold (runs in a worker process)."""
+    from math_verify import verify
+
+    pred_parsed = _parse(predicted)
+    return bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed))
+
+
+_GOLD_CACHE: dict[str, list] = {}   # gold text -> parsed gold: each gold is parsed once
+_POOL = None
+
+
+def parsed_gold(gold_text) -> list:
+    """The parsed gold for an `answer` value ([] when it holds nothing to compare with), cached."""
+    key = str(gold_text)
+    if key not in _GOLD_CACHE:
+        gold = extract_gold(key) if gold_text is not None else None
+        _GOLD_CACHE[key] = _parse(gold) if gold else []
+    return _GOLD_CACHE[key]
+
+
+def verifier_pool():
+    """The worker processes that run math-verify with a deadline (started on first use)."""
+    global _POOL
+    if _POOL is None:
+        import atexit
+
+        from grpo.rewards.workers import DeadlinePool
+        _POOL = DeadlinePool(verify_against, workers=MATH_WORKERS, deadline_s=MATH_DEADLINE_S)
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+MATH_WORKERS = 2
+MATH_DEADLINE_S = 5.0
+
+
 def math_accuracy(prompts: list[str], completions: list[str], answer: list, **columns) -> list:
     """1.0 when the completion's final answer equals `answer` (via math-verify), else 0.0.
 
-    None when the gold itself holds no value to compare with (the row cannot be scored).
+    None when the gold holds no value to compare with, or when verifying overran its deadline
+    (the worker is killed and replaced). Several different \\boxed{} answers score 0.
     """
-    from math_verify import verify
-
-    out: list[float | None] = []
-    for completion, gold_text in zip(completions, answer):
-        gold = extract_gold(str(gold_text)) if gold_text is not None else None
-        gold_parsed = _parse(gold) if gold else []
-        if not gold_parsed:
-            out.append(None)
+    out: list[float | None] = [None] * len(completions)
+    jobs, where = [], []
+    for i, (completion, gold_text) in enumerate(zip(completions, answer)):
+        gold = parsed_gold(gold_text)
+        if not gold:
             continue
         predicted = extract_answer(completion)
-        pred_parsed = _parse(predicted) if predicted else []
-        out.append(1.0 if pred_parsed and verify(gold_parsed, pred_parsed) else 0.0)
+        if predicted is None or len(set(boxed_answers(completion))) > 1:
+            out[i] = 0.0
+            continue
+        jobs.append((gold, predicted))
+        where.append(i)
+    for i, ok in zip(where, verifier_pool().map(jobs) if jobs else []):
+        out[i] = None if ok is None else float(ok)
     return out
 
 

@@ -1,0 +1,93 @@
+"""Math answers that can be trusted: formats, reward-hacking attempts, deadlines, bad golds."""
+
+import json
+import time
+
+import pytest
+
+from grpo.rewards import math_accuracy
+from grpo.rewards import answers
+from grpo.rewards.workers import DeadlinePool
+
+
+def one(completion, gold):
+    return math_accuracy(["q"], [completion], answer=[gold])[0]
+
+
+@pytest.mark.parametrize("completion, gold", [
+    ("so \\boxed{42}", "42"),
+    ("<answer>42</answer>", "42"),
+    ("work...\n#### 42", "42"),
+    ("Adding them up, the answer is 42.", "42"),
+    ("Q: what is 40+2?\nA: 42", "42"),
+    ("I think it is 41, no, 42", "42"),                 # the last number
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+])
+def test_each_answer_format_is_read(completion, gold):
+    assert one(completion, gold) == 1.0
+
+
+@pytest.mark.parametrize("completion, why", [
+    ("\\boxed{23} or maybe \\boxed{24}", "several different boxed answers"),
+    ("\\boxed{24} no wait \\boxed{23}", "several different boxed answers, the right one last"),
+    ("the result is 1234", "the answer hidden in a longer number"),
+    ("the answer is 23. Actually, the answer is 24.", "a correct answer followed by another"),
+    ("What is 20 + 3?", "a completion that only repeats the question"),
+])
+def test_reward_hacking_attempts_score_zero(completion, why):
+    assert one(completion, "23") == 0.0, why
+
+
+def test_the_same_boxed_answer_twice_still_counts():
+    assert one("\\boxed{23}, so \\boxed{23}", "23") == 1.0
+
+
+def hangs_on_three(x):
+    """Module level, so a spawned worker can import it."""
+    if x == 3:
+        while True:
+            pass
+    return x * 2
+
+
+def test_pool_kills_a_call_that_never_returns_and_keeps_going():
+    pool = DeadlinePool(hangs_on_three, workers=2, deadline_s=0.5)
+    try:
+        start = time.monotonic()
+        assert pool.map([(i,) for i in range(6)]) == [0, 2, 4, None, 8, 10]
+        assert pool.timeouts == 1
+        assert pool.map([(5,), (3,)]) == [10, None]   # a replaced worker serves again
+        assert pool.timeouts == 2
+        assert time.monotonic() - start < 10
+    finally:
+        pool.close()
+
+
+def test_a_verification_past_its_deadline_is_unscorable(monkeypatch):
+    # The real verifier with a deadline no call can meet: the sample is None, never 0 or 1.
+    monkeypatch.setattr(answers, "_POOL", None)
+    monkeypatch.setattr(answers, "MATH_DEADLINE_S", 1e-6)
+    try:
+        assert math_accuracy(["q"] * 2, ["\\boxed{42}", "41"], answer=["42", "42"]) == [None, None]
+    finally:
+        answers._POOL.close()
+
+
+def test_a_huge_expression_ends_within_the_deadline():
+    start = time.monotonic()
+    result = one("\\boxed{9^{9^{9^{9^{9}}}}}", "1")
+    assert result in (0.0, None)
+    assert time.monotonic() - start < answers.MATH_DEADLINE_S + 5
+
+
+def test_a_gold_that_cannot_be_parsed_stops_the_load_naming_the_row(tmp_path):
+    from grpo.build import load_data
+    from grpo.config import build_config
+    from grpo.data import DataError
+
+    f = tmp_path / "d.jsonl"
+    rows = [{"question": "1+1?", "answer": "#### 2"}, {"question": "?", "answer": "no answer here"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    c = build_config({"dataset": str(f), "rewards": ["math_accuracy"], "sft_steps": 0})
+    with pytest.raises(DataError, match=r"d.jsonl row 2: answer 'no answer here' holds no value"):
+        load_data(c)
