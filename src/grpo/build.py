@@ -85,8 +85,10 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
     return policy, tokenizer
 
 
-def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None) -> Data:
-    """Rows, reward functions and demonstrations from the task or the dataset file."""
+def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
+              check_golds_now: bool = True) -> Data:
+    """Rows, reward functions and demonstrations from the task or the dataset file. Golds are
+    checked at load for GRPO; cold-start-only use (`grpo sft`) needs none."""
     d = config.data
     if d.dataset:
         train_rows = load_rows(d.dataset, d.prompt_column, d.answer_column)
@@ -102,7 +104,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None) -> 
     if reward_fns is None:
         names = config.reward.rewards or default_rewards
         reward_fns = [resolve_reward(n) for n in names]
-    if d.dataset and math_accuracy in reward_fns:
+    if d.dataset and check_golds_now and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows)
     weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
     if len(weights) != len(reward_fns):

@@ -58,7 +58,7 @@ def cmd_sft(args: list[str]) -> None:
     if not config.run.sft_steps:
         raise build.ConfigError("config key 'sft_steps' is 0: nothing to tune")
     run_dir = Path(config.run.output_dir)
-    data = build.load_data(config)
+    data = build.load_data(config, check_golds_now=False)
     policy, tokenizer = build.load_model_and_tokenizer(config, run_dir)
     cold_start(config, policy, tokenizer, data, print)
     path = save_model_dir(policy, tokenizer, run_dir / "final")
