@@ -386,10 +386,5 @@ def to_yaml(config: TrainConfig) -> str:
     return yaml.safe_dump(config.flat(), sort_keys=False)
 
 
-def replace(config: TrainConfig, **changes) -> TrainConfig:
-    """A copy with some flat keys changed (checked like any other input)."""
-    return build_config({**config.flat(), **changes})
-
-
 __all__ = ["TrainConfig", "ConfigError", "load_config", "build_config", "help_text", "to_yaml",
-           "replace", "ALGORITHMS", "KEYS"]
+           "ALGORITHMS", "KEYS"]
