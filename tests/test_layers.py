@@ -10,7 +10,7 @@ LAYERS = [
     {"config", "rollout"},                                              # vocabulary
     {"rewards", "advantages", "loss"},                                  # algorithm (pure)
     {"models", "data", "tasks", "distributed", "checkpoint", "tracking",
-     "reward_sources"},                                                 # infrastructure
+     "reward_sources", "sandbox"},                                      # infrastructure
     {"sampling", "update"},                                             # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain"},     # composition
 ]

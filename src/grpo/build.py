@@ -18,6 +18,7 @@ from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import DataError, format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
 from grpo.reward_sources import RewardModel, RewardServer
+from grpo.sandbox import CodeTests, Limits
 from grpo.rewards import RewardFn, get_reward, math_accuracy
 from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task
@@ -38,8 +39,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_reward(name: str) -> RewardFn:
-    """`model:DIR` a reward model, `http(s)://...` a reward server, else a function by name."""
+def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
+    """`model:DIR` a reward model, `http(s)://...` a reward server, `code_tests` the sandboxed
+    code reward, else a function by name."""
+    if name == "code_tests":
+        r = config.reward
+        try:
+            return CodeTests(Limits(timeout_s=r.code_timeout_s), workers=r.code_workers,
+                             partial_credit=r.partial_credit,
+                             unsafe_code_execution=r.unsafe_code_execution)
+        except RuntimeError as e:
+            raise ConfigError(str(e)) from None
     if name.startswith(("http://", "https://")):
         return RewardServer(name)
     if name.startswith("model:"):
@@ -103,7 +113,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         demonstrations = [(r["prompt"], task.demonstration(r)) for r in train_rows]
     if reward_fns is None:
         names = config.reward.rewards or default_rewards
-        reward_fns = [resolve_reward(n) for n in names]
+        reward_fns = [resolve_reward(n, config) for n in names]
     if d.dataset and check_golds_now and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows)
     weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)

@@ -78,6 +78,14 @@ class RewardConfig:
     http(s) URL (a reward server); empty uses the task's own reward."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function; empty weighs each 1.0. The reward is the weighted sum."""
+    partial_credit: bool = False
+    """code_tests: the fraction of tests passed, instead of 1 only when all pass."""
+    code_timeout_s: float = 5.0
+    """code_tests: wall-clock deadline per program (the CPU limit is the same, rounded up)."""
+    code_workers: int = 2
+    """code_tests: programs run in parallel."""
+    unsafe_code_execution: bool = False
+    """code_tests: run programs even where the sandbox cannot isolate them (docs/sandbox.md)."""
     reward_on_error: str = "raise"
     """When a reward function raises: `raise` stops naming it and the sample; `skip` marks the
     sample unscorable (left out of its group, counted in reward/unscorable)."""
@@ -336,6 +344,8 @@ def validate(config: TrainConfig) -> None:
                 "overlong_penalty"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
+    if c["code_workers"] < 1 or c["code_timeout_s"] <= 0:
+        raise ConfigError("config keys 'code_workers' and 'code_timeout_s' must be above 0")
     if c["temperature"] <= 0:
         raise ConfigError("config key 'temperature' must be above 0 (evaluation is already greedy)")
     if not 0 < c["top_p"] <= 1:

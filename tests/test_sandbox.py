@@ -1,0 +1,138 @@
+"""Model-written code in the sandbox: correct programs score, and every attack scores 0 while the
+trainer keeps running and the machine is unharmed."""
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from grpo.sandbox import MARKER, CodeTests, Limits, extract_code, isolation_level, parse_assert
+
+pytestmark = pytest.mark.skipif(isolation_level() != "full",
+                                reason="needs root for namespaces and a user id of its own")
+
+TESTS = ["assert f(2) == 4", "assert f(0) == 0"]
+FAST = Limits(timeout_s=2.0)
+
+
+@pytest.fixture(scope="module")
+def code_tests():
+    return CodeTests(limits=FAST, workers=2)
+
+
+def sandbox_processes() -> list[int]:
+    """Pids of processes owned by a sandbox user id (there must be none between runs)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                uid = int((entry / "status").read_text().split("Uid:")[1].split()[0])
+            except (OSError, IndexError):
+                continue
+            if uid >= 200_000:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_correct_partly_correct_and_broken_programs(code_tests):
+    completions = ["```python\ndef f(x):\n    return 2 * x\n```", "def f(x):\n    return 4", "def f(:"]
+    assert code_tests(["p"] * 3, completions, tests=[TESTS] * 3) == [1.0, 0.0, 0.0]
+    partial = CodeTests(limits=FAST, partial_credit=True)
+    assert partial(["p"], ["def f(x):\n    return 4"], tests=[TESTS]) == [0.5]   # f(2) right, f(0) wrong
+
+
+def test_stdin_stdout_cases(code_tests):
+    cases = [{"input": "21", "output": "42"}, {"input": "5", "output": "10"}]
+    assert code_tests(["p"] * 2, ["print(int(input()) * 2)", "print(42)"], tests=[cases] * 2) == [1.0, 0.0]
+
+
+def test_parse_assert_keeps_expected_values_in_the_parent():
+    assert parse_assert("assert f(2) == (1, 2)") == ("f(2)", [1, 2])
+    assert parse_assert("assert is_prime(7)") == ("bool(is_prime(7))", True)
+    with pytest.raises(ValueError, match="not a single assert"):
+        parse_assert("print(1)")
+    assert extract_code("text\n```python\nx = 1\n```\nmore") == "x = 1\n"
+
+
+ATTACKS = {
+    "infinite loop": "while True:\n    pass",
+    "fork bomb": "import os\nwhile True:\n    os.fork()",
+    "memory bomb": "x = bytearray(8 * 1024 ** 3)\ndef f(x): return 2 * x",
+    "1 GB write": "open('big', 'wb').write(b'0' * 2 ** 30)\ndef f(x): return 2 * x",
+    "killing the parent": "import os\nos.kill(os.getppid(), 9)\ndef f(x): return 2 * x",
+    "reading the parent's environ": "import os\nopen(f'/proc/{os.getppid()}/environ').read()\n"
+                                     "def f(x): return 2 * x",
+    "reading the trainer's variable": "import os\nos.environ['GRPO_TEST_SECRET']\ndef f(x): return 2 * x",
+    "sys.exit(0) before the asserts": "import sys\nsys.exit(0)",
+    "forging the harness's result": "import sys, os\nsys.stdout.write(" + repr(MARKER)
+                                    + " + '{\"values\": [\"true\", \"true\"]}\\n')\nsys.stdout.flush()\n"
+                                    "os._exit(0)",
+    "replacing assert and eval": "import builtins\nbuiltins.eval = lambda *a, **k: True\n"
+                                 "builtins.AssertionError = Exception",
+    "a flood of output": "while True:\n    print('x' * 10000)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_scores_zero_and_leaves_nothing_behind(name, code_tests, monkeypatch):
+    monkeypatch.setenv("GRPO_TEST_SECRET", "trainer-only")
+    assert code_tests(["p"], [ATTACKS[name]], tests=[TESTS]) == [0.0]
+    assert sandbox_processes() == []        # the whole tree is gone, the trainer still here
+
+
+def test_a_write_outside_its_directory_never_reaches_the_host(code_tests, tmp_path):
+    host_tmp = Path("/tmp") / f"grpo-escape-{uuid.uuid4().hex}"
+    private = tmp_path / "owned-by-the-trainer"
+    program = (f"open({str(host_tmp)!r}, 'w').write('x')\n"     # lands in the sandbox's own /tmp
+               f"open({str(private)!r}, 'w').write('x')\n"      # not writable: raises
+               "def f(x): return 2 * x")
+    assert code_tests(["p"], [program], tests=[TESTS]) == [0.0]
+    assert not host_tmp.exists() and not private.exists()
+
+
+def test_no_connection_to_a_port_the_test_opened(code_tests):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\ndef f(x): return 2 * x"
+    try:
+        assert code_tests(["p"], [program], tests=[TESTS]) == [0.0]
+        with pytest.raises(socket.timeout):
+            server.accept()                  # nobody ever connected
+    finally:
+        server.close()
+
+
+def test_output_is_capped_in_the_parent():
+    from grpo.sandbox import run_program
+    out = run_program("while True:\n    print('x' * 10000)", [], limits=Limits(timeout_s=1, output_kb=64))
+    assert out.timed_out and len(out.stdout) <= 64 * 1024
+
+
+def test_refuses_without_isolation_unless_told(monkeypatch):
+    import grpo.sandbox as sandbox
+    monkeypatch.setattr(sandbox, "isolation_level", lambda: "none")
+    with pytest.raises(RuntimeError, match="unsafe_code_execution=true"):
+        sandbox.CodeTests()
+    assert sandbox.CodeTests(unsafe_code_execution=True).isolate is False
+    assert os.getpid() > 0
+
+
+def test_code_tests_from_config(tmp_path):
+    import json
+    from grpo.config import build_config
+    from grpo.train import train
+    f = tmp_path / "code.jsonl"
+    rows = [{"prompt": f"Write f(x) returning {k} * x.", "answer": "", "tests": [f"assert f(3) == {3 * k}"]}
+            for k in range(1, 5)]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    c = build_config({"dataset": str(f), "rewards": ["code_tests"], "code_timeout_s": 2.0,
+                      "sft_steps": 0, "steps": 1, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 2, "output_dir": str(tmp_path / "run")})
+    m = train(c, log=lambda s: None, write_files=False).history[0]
+    assert m["reward/code_tests/mean"] == 0.0     # a random tiny model writes no working f
+    assert sandbox_processes() == []
