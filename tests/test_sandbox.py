@@ -136,3 +136,10 @@ def test_code_tests_from_config(tmp_path):
     m = train(c, log=lambda s: None, write_files=False).history[0]
     assert m["reward/code_tests/mean"] == 0.0     # a random tiny model writes no working f
     assert sandbox_processes() == []
+
+
+def test_the_project_and_its_data_are_out_of_sight(code_tests):
+    here = Path(__file__).resolve()          # world-readable on the host
+    program = f"open({str(here)!r}).read()\ndef f(x): return 2 * x"
+    assert code_tests(["p"], [program], tests=[TESTS]) == [0.0]
+    assert code_tests(["p"], ["import json, math\ndef f(x): return 2 * x"], tests=[TESTS]) == [1.0]

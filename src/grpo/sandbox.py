@@ -52,6 +52,15 @@ if s["isolate"]:
         if os.path.isdir(where) and libc.mount(b"tmpfs", where, b"tmpfs", 2 | 4,
                                                b"size=%dk,mode=1777" % s["tmp_kb"]) != 0:
             sys.exit(97)
+    # Hide every other top-level directory (data sets, the project, home directories) behind an
+    # empty read-only tmpfs, but what the interpreter needs to start.
+    keep = {"usr", "lib", "lib64", "lib32", "bin", "sbin", "etc", "proc", "dev", "sys", "tmp", "var"}
+    keep.add(s["python"].split("/")[1])
+    for name in os.listdir("/"):
+        where = "/" + name
+        if name not in keep and os.path.isdir(where) and not os.path.islink(where):
+            if libc.mount(b"tmpfs", where.encode(), b"tmpfs", 1 | 2 | 4, b"size=4k,mode=755") != 0:
+                sys.exit(97)
 limits = {resource.RLIMIT_CPU: s["cpu_s"], resource.RLIMIT_AS: s["memory_bytes"],
           resource.RLIMIT_FSIZE: s["file_bytes"], resource.RLIMIT_NOFILE: 64,
           resource.RLIMIT_NPROC: s["processes"], resource.RLIMIT_CORE: 0}
