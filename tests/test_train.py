@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.config import build_config
@@ -142,3 +143,41 @@ def test_cold_start_from_prompt_completion_pairs(tmp_path):
     out = HFSampler(policy, tok, max_new_tokens=6).sample(["say a:", "say d:"], 1, greedy=True)
     assert out.completions == ["aaa", "ddd"]
     assert isinstance(data, Data)
+
+
+def _poisoned(real, bad_calls):
+    """accumulate_gradients whose listed calls (1-based) leave NaN gradients and a NaN loss."""
+    calls = {"n": 0}
+
+    def wrapper(policy, rollout, **kw):
+        calls["n"] += 1
+        stats = real(policy, rollout, **kw)
+        if calls["n"] in bad_calls:
+            for p in policy.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+            stats["loss"] = float("nan")
+        return stats
+    return wrapper
+
+
+def test_non_finite_updates_are_skipped_and_counted(tmp_path, monkeypatch):
+    import grpo.train as train_module
+    monkeypatch.setattr(train_module, "accumulate_gradients",
+                        _poisoned(train_module.accumulate_gradients, bad_calls={2}))
+    c = build_config({"steps": 3, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 2, "output_dir": str(tmp_path)})
+    result = train(c, log=lambda s: None, write_files=False)
+    assert [m["update/skipped_steps"] for m in result.history] == [0, 1, 1]
+    assert all(torch.isfinite(p).all() for p in result.policy.parameters())
+
+
+def test_too_many_non_finite_updates_in_a_row_stop_the_run(tmp_path, monkeypatch):
+    import grpo.train as train_module
+    monkeypatch.setattr(train_module, "accumulate_gradients",
+                        _poisoned(train_module.accumulate_gradients, bad_calls={1, 2, 3}))
+    c = build_config({"steps": 5, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 2, "max_skipped_updates": 2, "output_dir": str(tmp_path)})
+    with pytest.raises(train_module.TrainingError, match=r"3 updates in a row had a loss or gradient "
+                                                        r"norm that is not finite.*max_skipped_updates"):
+        train(c, log=lambda s: None, write_files=False)

@@ -127,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.build import ConfigError
     from grpo.data import DataError
     from grpo.rewards import RewardError
+    from grpo.train import TrainingError
     try:
         COMMANDS[command](rest)
-    except (ConfigError, DataError, RewardError) as e:
+    except (ConfigError, DataError, RewardError, TrainingError) as e:
         print(f"grpo {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -137,6 +137,9 @@ class OptimConfig:
     """Gradients are clipped to this global norm; 0 turns clipping off."""
     num_iterations: int = 1
     """mu: policy updates per batch of rollouts, with the old log-probs held fixed."""
+    max_skipped_updates: int = 3
+    """Updates with a non-finite loss or gradient are skipped and counted; more than this many in a
+    row stop the run with an error."""
     micro_batch_size: int = 32
     """Completions per forward/backward pass; gradients accumulate to the same total."""
 
@@ -337,7 +340,7 @@ def validate(config: TrainConfig) -> None:
         if c[key] < 1:
             raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
     for key in ["steps", "sft_steps", "eval_every", "save_every", "ref_reset_every",
-                "warmup_steps", "eval_size", "threads", "max_sampling_rounds"]:
+                "warmup_steps", "eval_size", "threads", "max_sampling_rounds", "max_skipped_updates"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm", "tis_cap",

@@ -57,6 +57,12 @@ class Learner:
     sampler: HFSampler
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    skipped_in_a_row: int = 0    # updates skipped for a non-finite loss or gradient, consecutive
+    skipped_total: int = 0
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message says why and what to change."""
 
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
@@ -157,13 +163,22 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c)
-        stats["grad_norm"] = optimizer_step(learner.policy, learner.optimizer, c.optim.max_grad_norm)
+        stats["grad_norm"], stepped = optimizer_step(learner.policy, learner.optimizer,
+                                                     c.optim.max_grad_norm, stats["loss"])
+        learner.skipped_in_a_row = 0 if stepped else learner.skipped_in_a_row + 1
+        learner.skipped_total += not stepped
+        if learner.skipped_in_a_row > c.optim.max_skipped_updates:
+            raise TrainingError(
+                f"{learner.skipped_in_a_row} updates in a row had a loss or gradient norm that is not "
+                f"finite (last: loss {stats['loss']}, grad_norm {stats['grad_norm']}); stopping. Lower "
+                "'lr', check the reward functions, or raise 'max_skipped_updates'")
         updates.append(stats)
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()
     metrics = step_metrics(rollout, updates, sample_s=t1 - t0, reward_s=t2 - t1, update_s=t3 - t2)
     metrics.update(extra, lr=lr)
+    metrics["update/skipped_steps"] = learner.skipped_total
     return rollout, metrics
 
 

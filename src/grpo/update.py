@@ -83,10 +83,17 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
             "ratio/mean": totals["ratio"] / tokens, "entropy": totals["entropy"] / tokens}
 
 
-def optimizer_step(policy, optimizer, max_grad_norm: float) -> float:
-    """Clip, step, zero; return the gradient norm before clipping."""
+def optimizer_step(policy, optimizer, max_grad_norm: float, loss: float = 0.0) -> tuple[float, bool]:
+    """Clip, step, zero; return the gradient norm before clipping and whether the update was made.
+
+    A loss or gradient norm that is not finite skips the update (the gradients are dropped), so one
+    bad batch cannot write NaN into the weights or the optimizer's moments.
+    """
     params = [p for p in policy.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
-    optimizer.step()
+    norm = float(torch.nn.utils.clip_grad_norm_(
+        params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    stepped = math.isfinite(norm) and math.isfinite(loss)
+    if stepped:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    return norm, stepped
