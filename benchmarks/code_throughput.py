@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+
+from timing import per_second
 
 from grpo.sandbox import CodeTests, isolation_level
 
@@ -26,16 +26,12 @@ def main() -> None:
     reward = CodeTests(workers=args.workers, unsafe_code_execution=level != "full")
     completions = [f"def f(x):\n    return x * {k % 3}" for k in range(args.n)]
     tests = [["assert f(2) == 4", "assert f(0) == 0"]] * args.n
-    rates = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        scores = reward(["q"] * args.n, completions, tests=tests)
-        rates.append(args.n / (time.perf_counter() - start))
-    print(json.dumps({"code_programs_per_s_median": round(statistics.median(rates), 1),
-                      "min": round(min(rates), 1), "max": round(max(rates), 1), "n": args.n,
-                      "repeats": args.repeats, "workers": args.workers, "isolation": level,
+    rate, scores = per_second(lambda: reward(["q"] * args.n, completions, tests=tests), args.n,
+                              args.repeats)
+    print(json.dumps({"code_programs_per_s_median": rate["median"], "min": rate["min"],
+                      "max": rate["max"], "n": args.n, "repeats": args.repeats,
+                      "workers": args.workers, "isolation": level,
                       "passed": sum(s == 1.0 for s in scores)}))
-
 
 if __name__ == "__main__":
     main()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
-import time
+
+from timing import per_second
 
 from grpo.rewards import math_accuracy
 from grpo.rewards.answers import MATH_WORKERS, verifier_pool
@@ -33,16 +33,11 @@ def main() -> None:
                                        f"\\boxed{{\\frac{{{2 * answer}}}{{2}}}}"]))
     verifier_pool()                      # start the workers outside the timing
     math_accuracy(["q"], ["\\boxed{1}"], answer=["1"])
-    rates = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        scores = math_accuracy(["q"] * args.n, completions, answer=golds)
-        rates.append(args.n / (time.perf_counter() - start))
-    print(json.dumps({"math_answers_per_s_median": round(statistics.median(rates), 1),
-                      "min": round(min(rates), 1), "max": round(max(rates), 1), "n": args.n,
-                      "repeats": args.repeats, "workers": MATH_WORKERS,
-                      "scored_correct": sum(s == 1.0 for s in scores)}))
-
+    rate, scores = per_second(lambda: math_accuracy(["q"] * args.n, completions, answer=golds),
+                              args.n, args.repeats)
+    print(json.dumps({"math_answers_per_s_median": rate["median"], "min": rate["min"],
+                      "max": rate["max"], "n": args.n, "repeats": args.repeats,
+                      "workers": MATH_WORKERS, "scored_correct": sum(s == 1.0 for s in scores)}))
 
 if __name__ == "__main__":
     main()

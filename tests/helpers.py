@@ -3,6 +3,7 @@
 import torch
 
 from grpo.rollout import Rollout
+from grpo.update import accumulate_gradients
 from grpo.sampling import completion_lengths, mask_from_lengths
 
 # Completion texts per row; the EOS (or its absence: truncated) decides each row's length.
@@ -31,3 +32,12 @@ def make_rollout(tok) -> Rollout:
         completion_ids=completion_ids, completion_mask=completion_mask,
         sampler_logprobs=torch.zeros(6, T), truncated=torch.tensor([not e for e in WITH_EOS]),
     )
+
+
+def grads_and_stats(policy, rollout, micro_batch_size, **kw):
+    """Gradients (by parameter name) and stats of one accumulate_gradients call, from zero."""
+    policy.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, **kw)
+    grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
+    policy.zero_grad(set_to_none=True)
+    return grads, stats

@@ -7,7 +7,7 @@ import grpo
 
 ROOT = Path(grpo.__file__).parent
 LAYERS = [
-    {"config", "rollout"},                                              # vocabulary
+    {"config", "rollout", "presets"},                                   # vocabulary
     {"rewards", "advantages", "loss"},                                  # algorithm (pure)
     {"models", "data", "tasks", "distributed", "checkpoint", "tracking",
      "reward_sources", "sandbox"},                                      # infrastructure

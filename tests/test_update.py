@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from helpers import make_rollout
-from grpo.update import accumulate_gradients, logprobs_of, make_scheduler, micro_batches
+from helpers import grads_and_stats, make_rollout
+from grpo.update import logprobs_of, make_scheduler, micro_batches
 
 
 
@@ -19,14 +19,6 @@ def test_hand_built_rollout_has_the_intended_lengths(tiny):
     # prompts left-padded: "ab" gets 3 pads before it, "hello" none
     assert r.prompt_mask[0].tolist() == [0, 0, 0, 1, 1]
     assert r.prompt_mask[3].tolist() == [1, 1, 1, 1, 1]
-
-
-def grads_and_stats(policy, rollout, micro_batch_size, **kw):
-    policy.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, **kw)
-    grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
-    policy.zero_grad(set_to_none=True)
-    return grads, stats
 
 
 def test_micro_batching_leaves_loss_and_gradient_unchanged(tiny):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, policy_loss
-from helpers import T, make_rollout
-from grpo.update import accumulate_gradients, logprobs_of
+from helpers import T, grads_and_stats, make_rollout
+from grpo.update import logprobs_of
 
 LN2 = math.log(2.0)
 E = math.e
@@ -439,14 +439,6 @@ MIXED_LOG_RATIOS = [[0.5, -0.4, 0.1, 1.5, 0.3],
                     [-0.9, -0.3, 0.2, -0.4, -0.1]]
 MIXED_ADV = [1.0, -0.5, 0.3, -1.2, 0.8, -0.4]
 LOSS_KW = dict(beta=0.04, kl_estimator="k3", eps_low=0.2, eps_high=0.28, clip_c=3.0)
-
-
-def grads_and_stats(policy, rollout, micro_batch_size, **kw):
-    policy.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, **kw)
-    grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
-    policy.zero_grad(set_to_none=True)
-    return grads, stats
 
 
 @pytest.fixture(scope="module")

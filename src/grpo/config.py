@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from grpo.presets import ALGORITHMS
+
 
 class ConfigError(ValueError):
     """A bad key or value; the message names the key and says what to do."""
@@ -175,25 +177,6 @@ class RunConfig:
 SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig)
 
 # name -> keys it sets. Explicit keys from the file or command line override a preset.
-# The papers' settings; docs/algorithms.md gives the sources.
-ALGORITHMS: dict[str, dict] = {
-    "grpo": {"advantage": "group_norm", "loss_type": "clip", "aggregation": "sequence_mean",
-             "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.04, "kl_estimator": "k3"},
-    "dr_grpo": {"advantage": "group_mean", "loss_type": "clip", "aggregation": "constant",
-                "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.0},
-    "dapo": {"advantage": "group_norm", "loss_type": "clip", "aggregation": "token_mean",
-             "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "dynamic_sampling": True,
-             "overlong_buffer": 0.2, "overlong_penalty": 1.0},
-    "gspo": {"advantage": "group_norm", "loss_type": "gspo", "aggregation": "sequence_mean",
-             "epsilon": 3e-4, "epsilon_high": 4e-4, "beta": 0.0},
-    "cispo": {"advantage": "group_norm", "loss_type": "cispo", "aggregation": "token_mean",
-              "epsilon": 1.0, "epsilon_high": 0.28, "beta": 0.0},
-    "rloo": {"advantage": "rloo", "loss_type": "clip", "aggregation": "sequence_sum",
-             "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.05, "kl_estimator": "k1",
-             "kl_in_reward": True},
-}
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
