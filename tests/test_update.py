@@ -115,3 +115,53 @@ def test_cosine_without_warmup_reaches_zero_at_total_steps():
     factors = lr_factors(0, 4, "cosine", 5)
     assert factors == pytest.approx([1.0, 0.8535534, 0.5, 0.1464466, 0.0], abs=1e-7)
     assert factors[-1] == pytest.approx(0.0, abs=1e-15)
+
+
+def test_length_batches_sort_by_length_and_respect_the_token_budget(tiny):
+    from grpo.update import length_batches
+    _, tok = tiny
+    rollout = make_rollout(tok)
+    # Real lengths (prompt + completion) of rows 0..5: 2+5, 2+2, 2+3, 5+4, 5+1, 5+5.
+    # Sorted by completion length: rows 4 (5+1), 1 (2+2), 2 (2+3), 3 (5+4), 0 (2+5), 5 (5+5).
+    assert length_batches(rollout, 6) == [[4, 1, 2, 3, 0, 5]]
+    assert length_batches(rollout, 2) == [[4, 1], [2, 3], [0, 5]]
+    # Budget 16 padded tokens: [4, 1] pads to 2 x (5+2) = 14; adding 2 would make 3 x (5+3) = 24.
+    # [2, 3] is 2 x (5+4) = 18 > 16, so 3 goes alone; [0] then [5] (2 x (5+5) = 20 > 16).
+    assert length_batches(rollout, 6, max_tokens=16) == [[4, 1], [2], [3], [0], [5]]
+
+
+def test_token_budget_and_trimming_leave_loss_and_gradient_unchanged(tiny):
+    policy, tok = tiny
+    rollout = make_rollout(tok)
+    rollout.ref_logprobs = logprobs_of(policy, rollout, 6) * 0.9
+    rollout.advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, -0.4])
+    kw = dict(beta=0.04, eps_low=0.2, eps_high=0.28, aggregation="token_mean")
+    whole_grads, whole = grads_and_stats(policy, rollout, 6, **kw)
+    grads, stats = grads_and_stats(policy, rollout, 6, micro_batch_tokens=16, **kw)
+    scale = max(g.abs().max().item() for g in whole_grads.values())
+    for name, g in grads.items():
+        torch.testing.assert_close(g, whole_grads[name], rtol=1e-5, atol=1e-6 * scale)
+    assert stats["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+
+
+def test_rows_with_zero_advantage_are_skipped_without_changing_the_gradient(tiny, monkeypatch):
+    # beta = 0: group 0's advantages are all 0, so its rows cannot change the gradient and are not
+    # run. The gradient must equal the one computed over all six rows.
+    import grpo.update as update
+    policy, tok = tiny
+    rollout = make_rollout(tok)
+    rollout.advantages = torch.tensor([0.0, 0.0, 0.0, -1.2, 0.8, 0.4])
+    kw = dict(beta=0.0, eps_low=0.2, eps_high=0.2, aggregation="token_mean")
+    seen = []
+    real = update.token_logprobs
+    monkeypatch.setattr(update, "token_logprobs", lambda m, ids, *a, **k: seen.append(len(ids)) or real(m, ids, *a, **k))
+    grads, stats = grads_and_stats(policy, rollout, 6, **kw)
+    assert seen == [3]
+    # The full computation: -(sum over all tokens of A_i * 1) / all tokens, with ratio 1.
+    policy.zero_grad()
+    logp, _ = real(policy, rollout.input_ids, rollout.attention_mask, rollout.completion_ids.shape[1])
+    m = rollout.completion_mask.float()
+    ratio = torch.exp(logp - logp.detach())
+    (-(ratio * rollout.advantages[:, None] * m).sum() / m.sum()).backward()
+    for name, p in policy.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-7)

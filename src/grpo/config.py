@@ -144,6 +144,9 @@ class OptimConfig:
     row stop the run with an error."""
     micro_batch_size: int = 32
     """Completions per forward/backward pass; gradients accumulate to the same total."""
+    micro_batch_tokens: int = 0
+    """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = no
+    limit but micro_batch_size. Rows are sorted by length first, so ragged batches pad little."""
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,7 @@ def validate(config: TrainConfig) -> None:
         if c[key] < 1:
             raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
     for key in ["steps", "sft_steps", "eval_every", "save_every", "ref_reset_every",
-                "warmup_steps", "eval_size", "threads", "max_sampling_rounds", "max_skipped_updates"]:
+                "warmup_steps", "eval_size", "threads", "micro_batch_tokens", "max_sampling_rounds", "max_skipped_updates"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm", "tis_cap",

@@ -102,24 +102,110 @@ def update_reference(ref, policy, rate: float = 1.0) -> None:
             ref_param.lerp_(param, rate)
 
 
+LOGIT_CHUNK_ELEMENTS = 1 << 22  # logits held at once by the chunked head: 4M floats, 16 MiB
+
+
+class _SelectedLogprobs(torch.autograd.Function):
+    """log softmax(h W^T + b)[target] for M rows of hidden states, never holding [M, V] logits.
+
+    Forward and backward walk the rows in chunks of `chunk` and recompute each chunk's logits, so
+    memory is O(chunk * V) whatever M is. Also returns each row's entropy (no gradient).
+    d logp / d logits = onehot(target) - softmax(logits), scaled by 1/temperature.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, inv_temp: float, chunk: int):
+        logps, lses, entropies = [], [], []
+        for start in range(0, hidden.shape[0], chunk):
+            logits = _chunk_logits(hidden[start:start + chunk], weight, bias, inv_temp)
+            lse = torch.logsumexp(logits, -1)
+            logps.append(logits.gather(-1, targets[start:start + chunk, None]).squeeze(-1) - lse)
+            lses.append(lse)
+            entropies.append(lse - (torch.softmax(logits, -1) * logits).sum(-1))
+        ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(lses))
+        ctx.inv_temp, ctx.chunk = inv_temp, chunk
+        entropy = torch.cat(entropies)
+        ctx.mark_non_differentiable(entropy)
+        return torch.cat(logps), entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) \
+            if bias is not None and ctx.needs_input_grad[2] else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            h = hidden[rows]
+            logits = _chunk_logits(h, weight, bias, ctx.inv_temp)
+            g = grad_logp[rows].float()
+            d_logits = torch.exp(logits - lse[rows, None]).mul_(-g[:, None])  # -g * softmax
+            d_logits.scatter_add_(-1, targets[rows, None], g[:, None])          # + g at the target
+            d_logits.mul_(ctx.inv_temp)
+            if grad_hidden is not None:
+                grad_hidden[rows] = (d_logits @ weight.float()).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(d_logits.T, h.float())
+            if grad_bias is not None:
+                grad_bias += d_logits.sum(0)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+
+
+def _chunk_logits(h, weight, bias, inv_temp: float) -> torch.Tensor:
+    logits = F.linear(h, weight, bias).float()
+    return logits * inv_temp if inv_temp != 1.0 else logits
+
+
+def selected_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [M] of `targets` [M] and entropies [M] from final hidden states [M, H] and the
+    output head, in chunks of about LOGIT_CHUNK_ELEMENTS logits (see `_SelectedLogprobs`)."""
+    chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
+    return _SelectedLogprobs.apply(hidden, head.weight, head.bias, targets, 1.0 / temperature, chunk)
+
+
+def _head_is_plain(model) -> bool:
+    """True when logits are exactly lm_head(backbone output): no soft-capping or logit scaling."""
+    config = model.config
+    head = model.get_output_embeddings()
+    return (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)
+            and not getattr(config, "final_logit_softcapping", None)
+            and getattr(config, "logit_scale", 1.0) in (None, 1.0))
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   completion_len: int, with_entropy: bool = False, temperature: float = 1.0):
+                   completion_len: int, with_entropy: bool = False, temperature: float = 1.0,
+                   completion_mask: torch.Tensor | None = None):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: [N, P+T], prompts left-padded, completions right-padded.
     `temperature` divides the logits, so the policy trained is the one that sampled.
-    Returns logp [N, T] and, if asked, the entropy of each next-token distribution [N, T].
+    Returns logp [N, T] (0 where `completion_mask`, default the last T of `attention_mask`, is 0)
+    and, if asked, the entropy of each next-token distribution [N, T] (0 there too, no gradient).
+
+    Only the masked completion positions go through the output head, in chunks, so neither the
+    prompt positions, nor padding, nor the full [N, T, V] logits tensor ever cost time or memory.
     """
+    T = completion_len
+    mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
+    mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids, use_cache=False).logits
-    logits = logits[:, -completion_len - 1:-1, :].float()  # [N, T, V], logits that predict each token
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[:, -completion_len:]
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    targets = input_ids[:, -T:]
+    if not _head_is_plain(model):  # a model whose head is more than a linear layer
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids, use_cache=False).logits[:, -T - 1:-1].float()
+        logp_all = F.log_softmax(logits / temperature, dim=-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
+        entropy = (-(logp_all.exp() * logp_all).sum(-1) * mask).detach()
+        return logp, entropy if with_entropy else None
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state[:, -T - 1:-1]       # [N, T, H]
+    logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
+                                              targets[mask], temperature)    # [M]
+    logp = logp_sel.new_zeros(mask.shape).masked_scatter(mask, logp_sel)
     if not with_entropy:
         return logp, None
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return logp, entropy_sel.new_zeros(mask.shape).masked_scatter(mask, entropy_sel)

@@ -72,6 +72,24 @@ class Rollout:
             ref_logprobs=cut(self.ref_logprobs), loss_mask=cut(self.loss_mask),
         )
 
+    def trimmed(self) -> "Rollout":
+        """The same rows without the prompt columns that are padding in every row (on the left)
+        and the completion columns past the longest completion (on the right)."""
+        real_prompt = self.prompt_mask.any(0).nonzero()
+        start = int(real_prompt[0]) if len(real_prompt) else self.prompt_mask.shape[1]
+        end = max(1, int(self.completion_mask.sum(-1).max())) if len(self) else 1
+
+        def cut(x, left: bool):
+            if x is None or x.dim() < 2:
+                return x
+            return x[:, start:] if left else x[:, :end]
+        return replace(
+            self, prompt_ids=cut(self.prompt_ids, True), prompt_mask=cut(self.prompt_mask, True),
+            completion_ids=cut(self.completion_ids, False), completion_mask=cut(self.completion_mask, False),
+            sampler_logprobs=cut(self.sampler_logprobs, False), old_logprobs=cut(self.old_logprobs, False),
+            ref_logprobs=cut(self.ref_logprobs, False), loss_mask=cut(self.loss_mask, False),
+            advantages=cut(self.advantages, False))
+
     @property
     def tokens_in_loss(self) -> torch.Tensor:  # [N, T]
         return self.completion_mask if self.loss_mask is None else self.loss_mask

@@ -34,7 +34,12 @@ def mask_from_lengths(lengths: torch.Tensor, T: int) -> torch.Tensor:
 
 
 class HFSampler:
-    """Sampling with Hugging Face `generate`; works on any device the policy is on."""
+    """Sampling from any Hugging Face causal LM on the device the policy is on, with a KV cache.
+
+    The loop asks the model for the last position's logits only, draws one token per row, and
+    drops rows from the batch (and their cache) as they end, so a ragged batch costs what its
+    tokens cost; it stops when every row has ended or `max_new_tokens` is reached.
+    """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0):
@@ -47,25 +52,21 @@ class HFSampler:
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)       # [N, P]
         prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # [N, P]
-        device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
-        sampling = {} if greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": 0}
-        out = self.model.generate(
-            input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-            do_sample=not greedy, max_new_tokens=self.max_new_tokens,
-            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-            output_scores=True, return_dict_in_generate=True, **sampling,
-        )
-        self.model.train(was_training)
-        completion_ids = out.sequences[:, prompt_ids.shape[1]:].cpu()          # [N, T]
+        try:
+            completion_ids, sampler_logprobs = generate(
+                self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
+                tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
+                top_p=self.top_p, greedy=greedy)
+        finally:
+            self.model.train(was_training)
         T = completion_ids.shape[1]
         lengths = completion_lengths(completion_ids, tok.eos_token_id)
-        truncated = ~torch.isin(completion_ids, torch.tensor([tok.eos_token_id])).any(-1)
+        eos_ids = torch.tensor(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id])
+        truncated = ~torch.isin(completion_ids, eos_ids).any(-1)
         completion_mask = mask_from_lengths(lengths, T)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
-        scores = torch.stack(out.scores, dim=1).float().cpu()                  # [N, T, V] processed logits
-        sampler_logprobs = F.log_softmax(scores, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
         sampler_logprobs = sampler_logprobs.masked_fill(completion_mask == 0, 0.0)
         texts = tok.batch_decode([ids[:n] for ids, n in zip(completion_ids, lengths)],
                                  skip_special_tokens=True)
@@ -78,3 +79,69 @@ class HFSampler:
             sampler_logprobs=sampler_logprobs, truncated=truncated,
             temperature=1.0 if greedy else self.temperature,
         )
+
+
+PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the running ones has ended
+
+
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+             eos_token_id: int | list[int], pad_token_id: int, *, temperature: float = 1.0,
+             top_p: float = 1.0, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode up to `max_new_tokens` tokens for each row of left-padded prompts [N, P].
+
+    Returns the tokens [N, T] (pad after a row's EOS; T is the longest row) and the log-prob each
+    token was drawn with [N, T], from the logits after temperature and top-p.
+    """
+    from transformers import DynamicCache
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    device = next(model.parameters()).device
+    N = prompt_ids.shape[0]
+    eos = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=device)
+    top_p_warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
+    tokens = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long)
+    logprobs = torch.zeros(N, max_new_tokens)
+    rows = torch.arange(N)                        # which original rows are still in the batch
+    attention = prompt_mask.to(device)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    with_cache = {_cache_argument(model): cache, "use_cache": True}
+    logits = model(input_ids=prompt_ids.to(device), attention_mask=attention, position_ids=positions,
+                   logits_to_keep=1, **with_cache).logits[:, -1]
+    next_position = positions[:, -1:] + 1
+    ended = torch.zeros(N, dtype=torch.bool, device=device)
+    steps = 0
+    for t in range(max_new_tokens):
+        steps = t + 1
+        scores = logits.float()
+        if not greedy and temperature != 1.0:
+            scores = scores / temperature
+        if top_p_warper is not None:
+            scores = top_p_warper(None, scores)
+        logp_all = torch.log_softmax(scores, -1)
+        if greedy:
+            chosen = scores.argmax(-1)
+        else:
+            chosen = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
+        chosen = chosen.masked_fill(ended, pad_token_id)
+        tokens[rows, t] = chosen.cpu()
+        logprobs[rows, t] = logp_all.gather(-1, chosen[:, None]).squeeze(-1).cpu()
+        ended = ended | torch.isin(chosen, eos)
+        if bool(ended.all()) or t + 1 == max_new_tokens:
+            break
+        if ended.float().mean() >= PRUNE_FRACTION:   # drop the ended rows and their cache
+            keep = (~ended).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, chosen, attention = rows[keep.cpu()], chosen[keep], attention[keep]
+            next_position, ended = next_position[keep], ended[keep]
+        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
+        logits = model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position,
+                       **with_cache).logits[:, -1]
+        next_position = next_position + 1
+    return tokens[:, :steps], logprobs[:, :steps]
+
+
+def _cache_argument(model) -> str:
+    """Newer transformers name the KV-cache argument `cache`; older ones `past_key_values`."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

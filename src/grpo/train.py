@@ -136,11 +136,12 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     # 1-2. group sampling and rewards (dynamic sampling keeps only groups with contrast)
     rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream)
     t1 = time.perf_counter()
-    mb = c.optim.micro_batch_size
+    mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
-        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb)  # pi_old, as the trainer sees it
+        # pi_old, as the trainer sees it
+        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     if learner.ref is not None:
-        rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb)
+        rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
     rewards = rollout.rewards
     if c.loss.kl_in_reward and learner.ref is not None:
         rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
@@ -159,7 +160,8 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     updates = []
     for _ in range(c.optim.num_iterations):
         stats = accumulate_gradients(
-            learner.policy, rollout, micro_batch_size=mb, aggregation=c.loss.aggregation,
+            learner.policy, rollout, micro_batch_size=mb, micro_batch_tokens=mb_tokens,
+            aggregation=c.loss.aggregation,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c)

@@ -20,17 +20,45 @@ def micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def length_batches(rollout: Rollout, max_rows: int, max_tokens: int = 0) -> list[list[int]]:
+    """Row numbers of each micro-batch: rows sorted by length, then cut so that no batch has more
+    than `max_rows` rows or (when `max_tokens` > 0) more than `max_tokens` padded tokens.
+
+    Rows of similar length share a batch and each batch is trimmed to its own longest row
+    (`Rollout.trimmed`), so padding costs little even when lengths are ragged. The loss weights
+    are fixed for the whole step beforehand, so the grouping changes only the summation order.
+    """
+    prompt_len = rollout.prompt_mask.sum(-1).tolist()
+    completion_len = rollout.completion_mask.sum(-1).tolist()
+    order = sorted(range(len(rollout)), key=lambda i: (completion_len[i], prompt_len[i]))
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest_p = longest_c = 0
+    for i in order:
+        p, c = max(longest_p, prompt_len[i]), max(longest_c, completion_len[i])
+        if batch and (len(batch) >= max_rows or (max_tokens and (len(batch) + 1) * (p + c) > max_tokens)):
+            batches.append(batch)
+            batch, p, c = [], prompt_len[i], completion_len[i]
+        batch.append(i)
+        longest_p, longest_c = p, c
+    return batches + [batch] if batch else batches
+
+
+def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
 @torch.no_grad()
-def logprobs_of(model, rollout: Rollout, micro_batch_size: int) -> torch.Tensor:
+def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:
     """Per-token log-probs [N, T] of the rollout's completions under `model`, without gradient."""
     T = rollout.completion_ids.shape[1]
-    parts = []
-    for rows in micro_batches(len(rollout), micro_batch_size):
-        part = rollout.rows(rows)
-        logp, _ = token_logprobs(model, part.input_ids, part.attention_mask, T,
-                                 temperature=part.temperature)
-        parts.append(logp)
-    return torch.cat(parts) * rollout.completion_mask
+    out = torch.zeros(len(rollout), T)
+    for rows in length_batches(rollout, micro_batch_size, max_tokens):
+        part = rollout.rows(rows).trimmed()
+        logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
+                                 part.completion_ids.shape[1], temperature=part.temperature)
+        out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
+    return out * rollout.completion_mask
 
 
 def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -53,23 +81,37 @@ def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str
 
 def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                          aggregation: str = "sequence_mean", max_tokens: int = 0,
-                         is_weights: torch.Tensor | None = None, **loss_settings) -> dict[str, float]:
+                         is_weights: torch.Tensor | None = None, micro_batch_tokens: int = 0,
+                         **loss_settings) -> dict[str, float]:
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
     `loss_settings` go to `loss.policy_loss` (loss_type, beta, kl_estimator, eps_low, eps_high,
     clip_c). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
+    Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
+    rows and, when `micro_batch_tokens` > 0, at most that many padded tokens each.
+
+    Skipped, because they cannot change the gradient: rows whose advantage is 0 on every token
+    when there is no KL term (beta = 0). The diagnostics then cover the rows that were updated.
     """
-    T = rollout.completion_ids.shape[1]
     weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
     totals = dict.fromkeys(["loss", "tokens", "clip_low", "clip_high", "kl", "ratio", "entropy"], 0.0)
-    for rows in micro_batches(len(rollout), micro_batch_size):
-        part = rollout.rows(rows)
+    needed = rollout
+    if not loss_settings.get("beta"):
+        adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
+        live = (adv * rollout.tokens_in_loss != 0).any(-1).nonzero().squeeze(-1).tolist()
+        if not live:
+            live = [0]  # keep one row so the step still reports its diagnostics
+        needed = rollout.rows(live)
+        weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
+    for rows in length_batches(needed, micro_batch_size, micro_batch_tokens):
+        part = needed.rows(rows).trimmed()
+        T = part.completion_ids.shape[1]
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
                                        with_entropy=True, temperature=part.temperature)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
-                                  part.tokens_in_loss, weights[rows],
-                                  is_weights=None if is_weights is None else is_weights[rows],
+                                  part.tokens_in_loss, weights[rows][:, :T],
+                                  is_weights=None if is_weights is None else is_weights[rows][:, :T],
                                   **loss_settings)
         loss.backward()
         totals["loss"] += loss.item()
