@@ -43,6 +43,7 @@ def test_selected_logprobs_hand_value():
 
 def test_token_logprobs_equal_the_full_logits_path_on_the_tiny_model(tiny):
     policy, tok = tiny
+    policy.zero_grad(set_to_none=True)
     enc = tok(["ab", "abcd"], return_tensors="pt", padding=True, add_special_tokens=False)
     completion = torch.tensor([[5, 6, 7], [8, 9, 0]])
     completion_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -87,3 +88,40 @@ def test_generate_matches_hugging_face_greedy_decoding_while_dropping_ended_rows
         assert (ours[row, n:] == tok.pad_token_id).all() and (logp[row, n:] == 0).all()
     assert ours.shape[1] == max(lengths)
     assert (logp[ours != tok.pad_token_id] <= 0).all()
+
+
+def test_a_shared_prompt_gives_the_same_logprobs_and_gradients(tiny):
+    # Two groups of three completions: the prompt of each group is computed once and shared.
+    policy, tok = tiny
+    policy.zero_grad(set_to_none=True)
+    enc = tok(["ab", "abcd"], return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids, prompt_mask = enc.input_ids.repeat_interleave(3, 0), enc.attention_mask.repeat_interleave(3, 0)
+    completion = torch.tensor([[5, 6, 7], [8, 9, 0], [10, 0, 0], [11, 12, 13], [14, 0, 0], [5, 6, 0]])
+    completion_mask = (completion != 0).long()
+    ids = torch.cat([prompt_ids, completion], 1)
+    attn = torch.cat([prompt_mask, completion_mask], 1)
+    logp, _ = token_logprobs(policy, ids, attn, 3)
+    (logp * torch.arange(1.0, 19.0).view(6, 3)).sum().backward()
+    shared_grads = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad()
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = policy(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits[:, -4:-1]
+    want = F.log_softmax(logits, -1).gather(-1, completion[..., None]).squeeze(-1) * completion_mask
+    (want * torch.arange(1.0, 19.0).view(6, 3)).sum().backward()
+    torch.testing.assert_close(logp, want, rtol=1e-5, atol=1e-6)
+    scale = max(p.grad.abs().max().item() for p in policy.parameters())
+    for a, p in zip(shared_grads, policy.parameters()):  # float32 sums in another order
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6 * scale)
+
+
+def test_draw_follows_the_distribution_and_never_picks_a_zero_probability_token():
+    from grpo.sampling import draw
+    torch.manual_seed(0)
+    # p = (0.5, 0, 0.2, 0.3) for every row; token 1 has probability 0 (score -inf, as after top-p).
+    scores = torch.log(torch.tensor([0.5, 0.0, 0.2, 0.3])).repeat(20000, 1)
+    picks, lse = draw(scores)
+    torch.testing.assert_close(lse, torch.zeros(20000, 1), rtol=0, atol=1e-6)  # log(sum p) = log 1
+    freq = torch.bincount(picks, minlength=4).float() / len(picks)
+    assert freq[1] == 0
+    # binomial standard error at n = 20000 is at most 0.0036; allow 4 of them
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.0, 0.2, 0.3]), rtol=0, atol=0.015)

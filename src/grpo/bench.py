@@ -1,11 +1,16 @@
 """`grpo bench`: a few GRPO steps of one configuration, measured, printed as one JSON line.
 
     sec_per_step       median wall time of the steps after the first (the first pays warm-up)
-    tokens_per_s       completion tokens sampled per second, median over the same steps
+    step_times         every step's wall time, the first included
+    split_s            median seconds per step in sampling, reward, reference (pi_ref and pi_old
+                       log-probs) and update (forward, backward, optimizer)
+    tokens_per_s       completion tokens sampled per second of step, median over the same steps
     peak_rss_mb        peak resident memory of this process
     model_flops_per_s  estimated model FLOPs per second: 2*params per token for each forward
                        (sampling, pi_old when mu > 1, the reference when beta > 0) and 6*params per
                        token for each of the mu forward+backward passes, over prompt+completion tokens
+    matmul_peak_flops  this machine's float32 matrix-multiply rate, measured now (`matmul_peak`)
+    peak_fraction      model_flops_per_s / matmul_peak_flops
 """
 
 from __future__ import annotations
@@ -14,14 +19,31 @@ import json
 import resource
 import statistics
 import sys
+import time
 from dataclasses import replace as dc_replace
 
+import torch
+
 from grpo.config import TrainConfig
+
+SPLIT = ("sample", "reward", "reference", "update")
 
 
 def flops_per_step(params: int, tokens: float, num_iterations: int, beta: float) -> float:
     forwards = 1 + (1 if num_iterations > 1 else 0) + (1 if beta > 0 else 0)
     return 2 * params * tokens * forwards + 6 * params * tokens * num_iterations
+
+
+def matmul_peak(size: int = 2048, repeats: int = 7) -> float:
+    """Median FLOP/s of a float32 [size x size] @ [size x size] product with torch's threads."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        rates.append(2 * size ** 3 / (time.perf_counter() - start))
+    return statistics.median(rates)
 
 
 def summarize(history: list[dict], params: int, num_iterations: int, beta: float) -> dict:
@@ -33,22 +55,33 @@ def summarize(history: list[dict], params: int, num_iterations: int, beta: float
         flops_per_step(params, m["tokens/prompt"] + m["tokens/completion"], num_iterations, beta)
         / m["time/step_s"] for m in timed)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
-    return {"sec_per_step": round(sec, 4), "tokens_per_s": round(tokens_per_s, 1),
+    return {"sec_per_step": round(sec, 4),
+            "split_s": {k: round(statistics.median(m.get(f"time/{k}_s", 0.0) for m in timed), 4)
+                        for k in SPLIT},
+            "tokens_per_s": round(tokens_per_s, 1),
+            "completion_len_mean": round(statistics.mean(m["completion/len_mean"] for m in timed), 2),
             "peak_rss_mb": round(peak_kb / 1024, 1), "model_flops_per_s": float(f"{flops:.4g}"),
-            "steps": len(steps), "params": params}
+            "steps": len(steps), "params": params,
+            "step_times": [round(m["time/step_s"], 4) for m in steps]}
 
 
-def bench(config: TrainConfig) -> dict:
+def bench(config: TrainConfig, log=lambda line: print(line, file=sys.stderr)) -> dict:
     """Run `steps` steps with no cold start, evaluation or files; return the measured figures."""
     from grpo.train import train
 
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    peak = matmul_peak()
     config = dc_replace(config, run=dc_replace(config.run, sft_steps=0, eval_every=0))
-    result = train(config, log=lambda line: print(line, file=sys.stderr), write_files=False)
+    result = train(config, log=log, write_files=False)
     params = sum(p.numel() for p in result.policy.parameters())
     out = summarize(result.history, params, config.optim.num_iterations, config.loss.beta)
+    out["matmul_peak_flops"] = float(f"{peak:.4g}")
+    out["peak_fraction"] = round(out["model_flops_per_s"] / peak, 3)
+    out["threads"] = torch.get_num_threads()
     out["config"] = {k: v for k, v in config.flat().items()
                      if k in ("model", "task", "prompts_per_step", "group_size", "max_new_tokens",
-                              "beta", "num_iterations", "micro_batch_size")}
+                              "beta", "num_iterations", "micro_batch_size", "micro_batch_tokens")}
     return out
 
 

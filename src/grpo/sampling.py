@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from grpo import decoder
 from grpo.rollout import Rollout
 
 
@@ -92,7 +93,6 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     Returns the tokens [N, T] (pad after a row's EOS; T is the longest row) and the log-prob each
     token was drawn with [N, T], from the logits after temperature and top-p.
     """
-    from transformers import DynamicCache
     from transformers.generation.logits_process import TopPLogitsWarper
 
     device = next(model.parameters()).device
@@ -102,13 +102,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     tokens = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(N, max_new_tokens)
     rows = torch.arange(N)                        # which original rows are still in the batch
-    attention = prompt_mask.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    with_cache = {_cache_argument(model): cache, "use_cache": True}
-    logits = model(input_ids=prompt_ids.to(device), attention_mask=attention, position_ids=positions,
-                   logits_to_keep=1, **with_cache).logits[:, -1]
-    next_position = positions[:, -1:] + 1
+    cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens)
+    logits = cache.logits
     ended = torch.zeros(N, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
@@ -118,27 +113,76 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
             scores = scores / temperature
         if top_p_warper is not None:
             scores = top_p_warper(None, scores)
-        logp_all = torch.log_softmax(scores, -1)
-        if greedy:
-            chosen = scores.argmax(-1)
-        else:
-            chosen = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
+        chosen, lse = draw(scores, greedy)
+        chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1)
         chosen = chosen.masked_fill(ended, pad_token_id)
         tokens[rows, t] = chosen.cpu()
-        logprobs[rows, t] = logp_all.gather(-1, chosen[:, None]).squeeze(-1).cpu()
+        logprobs[rows, t] = chosen_logp.cpu()
         ended = ended | torch.isin(chosen, eos)
         if bool(ended.all()) or t + 1 == max_new_tokens:
             break
         if ended.float().mean() >= PRUNE_FRACTION:   # drop the ended rows and their cache
             keep = (~ended).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            rows, chosen, attention = rows[keep.cpu()], chosen[keep], attention[keep]
-            next_position, ended = next_position[keep], ended[keep]
-        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
-        logits = model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position,
-                       **with_cache).logits[:, -1]
-        next_position = next_position + 1
+            cache.keep(keep)
+            rows, chosen, ended = rows[keep.cpu()], chosen[keep], ended[keep]
+        logits = cache.step(chosen)
     return tokens[:, :steps], logprobs[:, :steps]
+
+
+def draw(scores: torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from softmax(scores) [n, V], and logsumexp(scores) [n, 1].
+
+    Sampling inverts the cumulative distribution at a uniform draw: exact, in a few passes over
+    V (torch.multinomial draws V exponentials per row, which costs more than the model's step
+    when V is 150k). Greedy takes the argmax.
+    """
+    top = scores.amax(-1, keepdim=True)
+    probs = (scores - top).exp_()                                      # unnormalized, max 1
+    total = probs.sum(-1, keepdim=True)
+    lse = top + total.log()
+    if greedy:
+        return scores.argmax(-1), lse
+    cdf = probs.cumsum_(-1)
+    u = torch.rand(len(scores), 1, device=scores.device) * cdf[:, -1:]
+    chosen = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
+    return chosen, lse
+
+
+class _Cache:
+    """The KV cache and one-token steps: `decoder.Decoder` for the architectures it supports,
+    Hugging Face's forward and DynamicCache for any other model."""
+
+    def __init__(self, model, prompt_ids, prompt_mask, max_new_tokens: int):
+        self.model = model
+        if decoder.supports(model):
+            self.fast = decoder.Decoder(model)
+            self.logits, self.state = self.fast.start(prompt_ids, prompt_mask, max_new_tokens)
+            return
+        from transformers import DynamicCache
+        self.fast = None
+        self.attention = prompt_mask
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        self.cache = DynamicCache(config=model.config)
+        self.with_cache = {_cache_argument(model): self.cache, "use_cache": True}
+        self.logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                            logits_to_keep=1, **self.with_cache).logits[:, -1]
+        self.next_position = positions[:, -1:] + 1
+
+    def keep(self, rows: torch.Tensor) -> None:
+        if self.fast is not None:
+            self.fast.keep(self.state, rows)
+            return
+        self.cache.batch_select_indices(rows)
+        self.attention, self.next_position = self.attention[rows], self.next_position[rows]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.fast is not None:
+            return self.fast.step(tokens, self.state)
+        self.attention = torch.cat([self.attention, self.attention.new_ones(len(tokens), 1)], dim=1)
+        logits = self.model(input_ids=tokens[:, None], attention_mask=self.attention,
+                            position_ids=self.next_position, **self.with_cache).logits[:, -1]
+        self.next_position = self.next_position + 1
+        return logits
 
 
 def _cache_argument(model) -> str:

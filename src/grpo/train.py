@@ -134,7 +134,8 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     """One GRPO step: the four steps of Algorithm 1's inner loop, with the variants' switches."""
     t0 = time.perf_counter()
     # 1-2. group sampling and rewards (dynamic sampling keeps only groups with contrast)
-    rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream)
+    timer = {"sample": 0.0, "reward": 0.0}
+    rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer)
     t1 = time.perf_counter()
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
@@ -142,6 +143,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     if learner.ref is not None:
         rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
+    t_ref = time.perf_counter()
     rewards = rollout.rewards
     if c.loss.kl_in_reward and learner.ref is not None:
         rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
@@ -178,14 +180,15 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()
-    metrics = step_metrics(rollout, updates, sample_s=t1 - t0, reward_s=t2 - t1, update_s=t3 - t2)
+    metrics = step_metrics(rollout, updates, sample_s=timer["sample"], reward_s=timer["reward"] + t2 - t_ref,
+                           reference_s=t_ref - t1, update_s=t3 - t2, step_s=t3 - t0)
     metrics.update(extra, lr=lr)
     metrics["update/skipped_steps"] = learner.skipped_total
     return rollout, metrics
 
 
 def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data,
-                         stream: PromptStream) -> tuple[Rollout, dict]:
+                         stream: PromptStream, timer: dict | None = None) -> tuple[Rollout, dict]:
     """Sample and score `prompts_per_step` groups. With dynamic sampling (DAPO), groups whose
     rewards are all equal are dropped and more prompts are sampled, at most `max_sampling_rounds`
     extra times; if none has contrast, the last round is kept (its advantages are all 0)."""
@@ -194,9 +197,14 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
     have, dropped, rounds = 0, 0, 0
     while True:
         rows = stream.next_batch(wanted - have)
+        t0 = time.perf_counter()
         part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G)
         part.columns = columns_of(rows, G)
+        t1 = time.perf_counter()
         score_rollout(c, part, data)
+        if timer is not None:
+            timer["sample"] += t1 - t0
+            timer["reward"] += time.perf_counter() - t1
         if not c.sampling.dynamic_sampling:
             return part, {}
         contrast = set(groups_with_contrast(part.rewards, part.group_ids))
@@ -266,7 +274,7 @@ def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, re
 
 
 def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, reward_s: float,
-                 update_s: float) -> dict:
+                 update_s: float, reference_s: float = 0.0, step_s: float | None = None) -> dict:
     """The DESIGN.md metric names, all measured on this step's rollout and updates."""
     rewards = rollout.rewards
     scored = rewards[~torch.isnan(rewards)]
@@ -288,8 +296,8 @@ def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, rewa
     metrics["tokens/prompt"] = int(rollout.prompt_mask.sum())
     metrics["completion/truncated_frac"] = rollout.truncated.float().mean().item()
     metrics["time/sample_s"], metrics["time/reward_s"] = sample_s, reward_s
-    metrics["time/update_s"] = update_s
-    metrics["time/step_s"] = step_s = sample_s + reward_s + update_s
+    metrics["time/reference_s"], metrics["time/update_s"] = reference_s, update_s
+    metrics["time/step_s"] = step_s = step_s or (sample_s + reward_s + reference_s + update_s)
     metrics["tokens/s"] = lengths.sum().item() / step_s  # completion tokens per second of the step
     return metrics
 

@@ -1,0 +1,89 @@
+"""Run TRL's GRPOTrainer on a prompts file and print one JSON line of measured figures.
+
+Run by `benchmarks/vs_trl.py` and `benchmarks/time_to_accuracy.py` with the Python of an
+environment where TRL is installed; it does not import grpo. Prompts arrive as JSON lines
+{"prompt": text, "answer": text}, already formatted exactly as grpo formats them, so both
+libraries tokenize the same text. The reward is 1 when the completion, stripped, equals the answer.
+
+    python trl_driver.py --model DIR --prompts FILE --steps 5 --max-new-tokens 16 [--save DIR]
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--max-new-tokens", type=int, required=True)
+    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--save", default="", help="write the trained model here")
+    args = ap.parse_args()
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = [json.loads(line) for line in open(args.prompts)]
+    dataset = Dataset.from_list(rows)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+
+    def exact_answer(completions, answer, **_):
+        return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer)]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times, self.started = [], 0.0
+
+        def on_step_begin(self, *a, **k):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.started)
+            print(f"trl step {len(self.times)}/{args.steps} {self.times[-1]:.2f}s", file=sys.stderr)
+
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.prompts_per_step * args.group_size,
+            num_generations=args.group_size, steps_per_generation=1, gradient_accumulation_steps=1,
+            num_iterations=1, max_completion_length=args.max_new_tokens, beta=args.beta,
+            loss_type="grpo", scale_rewards="group", learning_rate=args.lr, lr_scheduler_type="constant",
+            warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, temperature=1.0, top_p=1.0,
+            use_cpu=True, bf16=False, gradient_checkpointing=False, disable_dropout=True,
+            logging_steps=1, report_to="none", save_strategy="no", seed=args.seed,
+            dataloader_num_workers=0, log_completions=False)
+        trainer = GRPOTrainer(model=model, reward_funcs=exact_answer, args=config, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[timer])
+        trainer.train()
+        if args.save:
+            trainer.model.save_pretrained(args.save)
+            tokenizer.save_pretrained(args.save)
+    timed = timer.times[1:] if len(timer.times) > 1 else timer.times
+    lengths = [m["completions/mean_length"] for m in trainer.state.log_history
+               if "completions/mean_length" in m]
+    print(json.dumps({
+        "sec_per_step": round(statistics.median(timed), 4), "step_times": [round(t, 4) for t in timer.times],
+        "completion_len_mean": round(statistics.mean(lengths[1:] or lengths), 2) if lengths else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "train_s": round(sum(timer.times), 3), "threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()

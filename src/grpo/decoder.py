@@ -1,0 +1,222 @@
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Mistral), on the model's own weights.
+
+Hugging Face's forward is general: it builds masks, dispatches attention, runs hooks. For the
+small and medium models GRPO is run with on CPUs, that overhead is a large share of each step.
+`Decoder` computes the same function with a few fused torch calls per layer, reading the very
+same `Parameter`s, so gradients land in the Hugging Face model and its optimizer as usual.
+
+    hidden(ids, mask, positions)    final-norm hidden states [N, L, H], for log-probs and training
+    start(ids, mask, max_new)       prefill a static KV cache; logits of the last position [N, V]
+    step(tokens, state)             one decoding step for every row still in `state`
+    keep(state, rows)               drop ended rows from the cache
+
+`supports(model)` says whether a model can take this path; any other model (or rope scaling,
+sliding windows, soft-capping) uses Hugging Face's forward, which gives the same numbers.
+tests/test_decoder.py checks both paths against each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = {"llama", "qwen2", "mistral"}
+
+
+def supports(model) -> bool:
+    """True for the architectures this file computes exactly: rotary embeddings come from the
+    model's own rotary module, so any rope scaling it implements is honoured."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in SUPPORTED:
+        return False
+    sliding = getattr(config, "use_sliding_window", False) or (
+        config.model_type == "mistral" and getattr(config, "sliding_window", None))
+    head = model.get_output_embeddings()
+    return (not sliding and getattr(config, "hidden_act", "silu") == "silu"
+            and not getattr(config, "mlp_bias", False) and getattr(config, "pretraining_tp", 1) == 1
+            and isinstance(head, torch.nn.Linear))
+
+
+@dataclass
+class DecodeState:
+    keys: list[torch.Tensor]       # per layer [n, kv_heads, P + max_new, head_dim]
+    values: list[torch.Tensor]
+    key_valid: torch.Tensor        # [n, P + max_new] bool; False on left padding
+    positions: torch.Tensor        # [n] position id of the next token
+    length: int                    # filled cache length
+
+
+class Decoder:
+    def __init__(self, model):
+        self.model = model
+        backbone = getattr(model, model.base_model_prefix)
+        self.embed, self.layers, self.norm = backbone.embed_tokens, backbone.layers, backbone.norm
+        self.rotary = backbone.rotary_emb
+        self.head = model.get_output_embeddings()
+        c = model.config
+        self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.eps = c.rms_norm_eps
+
+    # -- building blocks -------------------------------------------------------------------
+    def _norm(self, x, module):
+        return F.rms_norm(x, (x.shape[-1],), module.weight, self.eps)
+
+    def _qkv(self, attn, h, cos, sin):
+        n, L, _ = h.shape
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, L, self.heads, self.head_dim)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, L, self.kv_heads, self.head_dim)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, L, self.kv_heads, self.head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # [n, heads, L, d]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def _mlp(self, mlp, h):
+        gate = F.linear(h, mlp.gate_proj.weight)
+        up = F.linear(h, mlp.up_proj.weight)
+        return F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+    def _attend(self, attn, q, k, v, mask):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             enable_gqa=self.kv_heads != self.heads)
+        n, _, L, _ = out.shape
+        out = out.transpose(1, 2).reshape(n, L, self.heads * self.head_dim)
+        return F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+
+    # -- full sequences ----------------------------------------------------------------------
+    def hidden(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Final hidden states [N, L, H] of left- or right-padded rows."""
+        x = F.embedding(input_ids, self.embed.weight)
+        cos, sin = self.rotary(x, position_ids)
+        L = input_ids.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        # A padding query may see only itself, so no row of the mask is empty (that would be NaN).
+        mask = (causal & attention_mask.bool()[:, None, :]) | torch.eye(L, dtype=torch.bool,
+                                                                         device=x.device)
+        mask = mask.unsqueeze(1)                                              # [N, 1, L, L]
+        for layer in self.layers:
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
+            x = x + self._attend(attn, q, k, v, mask)
+            x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+        return self._norm(x, self.norm)
+
+    def completion_hidden(self, prompt_ids, prompt_mask, prompt_of, completion_ids) -> torch.Tensor:
+        """Hidden states [N, T, H] at the positions that predict each completion token, for N
+        completions of B distinct left-padded prompts [B, P]; row i continues prompt
+        `prompt_of[i]`. Each prompt is computed once and its keys and values are shared by its
+        completions (a group of G shares one prompt), so the prompt costs 1/G of a padded batch.
+        The gradient reaches the prompt positions through the shared keys and values.
+
+        Completions are right-padded: their keys need only the causal mask, because a real token
+        never comes after padding in its row.
+        """
+        B, P = prompt_ids.shape
+        N, T = completion_ids.shape
+        prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        completion_positions = prompt_mask.sum(-1)[prompt_of, None] + torch.arange(
+            T, device=completion_ids.device)
+        x_p = F.embedding(prompt_ids, self.embed.weight)
+        x_c = F.embedding(completion_ids, self.embed.weight)
+        cos_p, sin_p = self.rotary(x_p, prompt_positions)
+        cos_c, sin_c = self.rotary(x_c, completion_positions)
+        eye = torch.eye(P, dtype=torch.bool, device=x_p.device)
+        causal_p = torch.ones(P, P, dtype=torch.bool, device=x_p.device).tril()
+        mask_p = ((causal_p & prompt_mask.bool()[:, None, :]) | eye).unsqueeze(1)   # [B, 1, P, P]
+        causal_c = torch.ones(T, T, dtype=torch.bool, device=x_p.device).tril()
+        mask_c = torch.cat([prompt_mask.bool()[prompt_of, None, :].expand(N, T, P),
+                            causal_c.expand(N, T, T)], dim=-1).unsqueeze(1)         # [N, 1, T, P+T]
+        for layer in self.layers:
+            attn = layer.self_attn
+            q_p, k_p, v_p = self._qkv(attn, self._norm(x_p, layer.input_layernorm), cos_p, sin_p)
+            q_c, k_c, v_c = self._qkv(attn, self._norm(x_c, layer.input_layernorm), cos_c, sin_c)
+            k = torch.cat([share(k_p, prompt_of), k_c], dim=2)
+            v = torch.cat([share(v_p, prompt_of), v_c], dim=2)
+            x_p = x_p + self._attend(attn, q_p, k_p, v_p, mask_p)
+            x_c = x_c + self._attend(attn, q_c, k, v, mask_c)
+            x_p = x_p + self._mlp(layer.mlp, self._norm(x_p, layer.post_attention_layernorm))
+            x_c = x_c + self._mlp(layer.mlp, self._norm(x_c, layer.post_attention_layernorm))
+        last_prompt = share(self._norm(x_p[:, -1:], self.norm), prompt_of)          # [N, 1, H]
+        return torch.cat([last_prompt, self._norm(x_c[:, :-1], self.norm)], dim=1)
+
+    # -- decoding with a static cache -------------------------------------------------------
+    @torch.no_grad()
+    def start(self, input_ids, attention_mask, max_new_tokens: int) -> tuple[torch.Tensor, DecodeState]:
+        n, P = input_ids.shape
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        x = F.embedding(input_ids, self.embed.weight)
+        cos, sin = self.rotary(x, position_ids)
+        size = (n, self.kv_heads, P + max_new_tokens, self.head_dim)
+        keys = [x.new_empty(size) for _ in self.layers]
+        values = [x.new_empty(size) for _ in self.layers]
+        key_valid = torch.cat([attention_mask.bool(),
+                               attention_mask.new_ones(n, max_new_tokens, dtype=torch.bool)], 1)
+        causal = torch.ones(P, P, dtype=torch.bool, device=x.device).tril()
+        mask = ((causal & attention_mask.bool()[:, None, :]) | torch.eye(P, dtype=torch.bool,
+                                                                          device=x.device)).unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
+            keys[i][:, :, :P], values[i][:, :, :P] = k, v
+            x = x + self._attend(attn, q, k, v, mask)
+            x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+        last = self._norm(x[:, -1:], self.norm)
+        state = DecodeState(keys, values, key_valid, position_ids[:, -1] + 1, P)
+        return self._logits(last), state
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Feed one token per row [n]; return the next logits [n, V]."""
+        x = F.embedding(tokens[:, None], self.embed.weight)                   # [n, 1, H]
+        cos, sin = self.rotary(x, state.positions[:, None])
+        t = state.length
+        mask = state.key_valid[:, None, None, :t + 1]                         # [n, 1, 1, t+1]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
+            state.keys[i][:, :, t:t + 1], state.values[i][:, :, t:t + 1] = k, v
+            x = x + self._attend(attn, q, state.keys[i][:, :, :t + 1], state.values[i][:, :, :t + 1], mask)
+            x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+        state.length, state.positions = t + 1, state.positions + 1
+        return self._logits(self._norm(x, self.norm))
+
+    @staticmethod
+    def keep(state: DecodeState, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the current batch) in the cache."""
+        state.keys = [k.index_select(0, rows) for k in state.keys]
+        state.values = [v.index_select(0, rows) for v in state.values]
+        state.key_valid, state.positions = state.key_valid[rows], state.positions[rows]
+
+    def _logits(self, h):
+        return F.linear(h[:, -1], self.head.weight, self.head.bias)
+
+
+class _Share(torch.autograd.Function):
+    """x[index] whose backward sums each source row's gradients with a matrix product, in a fixed
+    order; indexing's own backward accumulates with threads in an order that varies run to run."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        onehot = torch.zeros(ctx.rows, len(index), dtype=grad.dtype, device=grad.device)
+        onehot[index, torch.arange(len(index), device=grad.device)] = 1.0
+        return (onehot @ grad.reshape(len(index), -1)).view(ctx.rows, *grad.shape[1:]), None
+
+
+def share(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` picked by `index` (prompt rows for their completions), deterministically."""
+    return _Share.apply(x, index)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
