@@ -17,6 +17,14 @@ import tempfile
 import time
 
 
+def peak_rss_kb() -> float:
+    """Peak resident memory in KiB (VmHWM: ru_maxrss would also count the launcher's, up to exec)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return float(line.split()[1])
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -81,7 +89,7 @@ def main() -> None:
     print(json.dumps({
         "sec_per_step": round(statistics.median(timed), 4), "step_times": [round(t, 4) for t in timer.times],
         "completion_len_mean": round(statistics.mean(lengths[1:] or lengths), 2) if lengths else None,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(peak_rss_kb() / 1024, 1),
         "train_s": round(sum(timer.times), 3), "threads": torch.get_num_threads()}))
 
 

@@ -6,16 +6,18 @@ Builds four Qwen2-style models with random weights as Hugging Face directories, 
 `addition` prompts exactly as grpo formats them, then for each workload runs `grpo bench` and
 `benchmarks/trl_driver.py` (TRL, in its own environment) one after the other, alternating which
 goes first, `--repeats` times. Every run: 8 prompts x 8 completions, beta 0.04, mu 1, lr 5e-4,
-temperature 1, one forward/backward over all 64 completions. TRL runs with gradient
+temperature 1. TRL does one forward/backward over all 64 completions; grpo micro-batches
+its length-sorted rows under a 2,048-token budget (`micro_batch_tokens=2048`). TRL runs with gradient
 checkpointing off (its fastest setting) and loss_type "grpo".
 
     W1 overhead     hidden 128, 4 layers, character vocabulary, 16 new tokens
     W2 compute      hidden 512, 8 layers, character vocabulary, 64 new tokens
     W3 vocabulary   hidden 256, 2 layers, 151,936-token vocabulary, 128 new tokens
-    W4 ragged       W2 whose EOS logit is scaled so completions end anywhere from 1 to 64 tokens
+    W4 ragged       W2 cold-started (40 supervised steps) on completions of 1 to 63 random digits,
+                    so sampled completions end anywhere from 1 to 64 tokens
 
 Step times are medians over every step but each run's first; memory is each process's peak
-resident set, median over runs. The float32 matrix-multiply peak is measured here, between
+resident set (VmHWM, which unlike ru_maxrss does not inherit the launcher's), median over runs. The float32 matrix-multiply peak is measured here, between
 runs, and model FLOP/s use grpo.bench's estimate over the tokens each library reports.
 Without --trl-python, only grpo's side runs. Results go to --out as JSON and Markdown.
 """
@@ -44,7 +46,7 @@ WORKLOADS = {
 LR, BETA, PROMPTS, GROUP = 5e-4, 0.04, 8, 8
 
 
-def build_workload(name: str, root: Path) -> Path:
+def build_workload(name: str, root: Path, prompts: Path) -> Path:
     from grpo.models import build_tiny
     spec = WORKLOADS[name]
     path = root / name
@@ -53,35 +55,28 @@ def build_workload(name: str, root: Path) -> Path:
     build_tiny(path, hidden_size=spec["hidden_size"], layers=spec["layers"], heads=spec["heads"],
                architecture="qwen2", vocab_size=spec["vocab_size"])
     if spec.get("ragged"):
-        make_ragged(path, spec["max_new_tokens"])
+        make_ragged(path, spec["max_new_tokens"], prompts)
     return path
 
 
-def sample_lengths(model, tok, prompts: list[str], max_new: int) -> torch.Tensor:
-    from grpo.sampling import HFSampler
-    torch.manual_seed(0)
-    rollout = HFSampler(model, tok, max_new_tokens=max_new).sample(prompts, GROUP)
-    return rollout.completion_mask.sum(-1).float()
-
-
-def make_ragged(path: Path, max_new: int) -> None:
-    """Scale the EOS row of the (tied) output embedding until completions end at every length:
-    a mean near a third of the maximum, with some reaching it. Searched by bisection."""
+def make_ragged(path: Path, max_new: int, prompts: Path) -> None:
+    """Cold-start the model to stop anywhere: supervised steps on completions of random digits
+    whose lengths are uniform on 1..max_new-1 (then EOS), so sampled lengths spread from a few
+    tokens to the maximum. The spread reached is printed."""
+    import random
     from grpo.models import load_policy, load_tokenizer
+    from grpo.sampling import HFSampler
+    from grpo.sft import supervised_finetune
     model, tok = load_policy(str(path)), load_tokenizer(str(path))
-    prompts = [f"{a}+{b}=" for a, b in [(1, 2), (13, 45), (7, 70), (99, 9), (5, 55), (31, 4), (8, 8), (60, 6)]]
-    row = model.get_output_embeddings().weight[tok.eos_token_id].detach().clone()
-    low, high = 1.0, 40.0
-    for _ in range(7):
-        scale = (low * high) ** 0.5
-        with torch.no_grad():
-            model.get_output_embeddings().weight[tok.eos_token_id] = row * scale
-        lengths = sample_lengths(model, tok, prompts, max_new)
-        if lengths.mean() > max_new / 3:
-            low = scale
-        else:
-            high = scale
-    print(f"W4: EOS row scaled by {scale:.2f}; lengths min {lengths.min():.0f} median "
+    rows = [json.loads(line) for line in open(prompts)]
+    rng = random.Random(0)
+    pairs = [(r["prompt"], "".join(rng.choice("0123456789") for _ in range(rng.randint(1, max_new - 1))))
+             for r in rows[:512]]
+    supervised_finetune(model, tok, pairs, steps=40, lr=1e-3, batch_size=16, seed=0)
+    torch.manual_seed(0)
+    lengths = HFSampler(model, tok, max_new_tokens=max_new).sample(
+        [r["prompt"] for r in rows[:8]], GROUP).completion_mask.sum(-1).float()
+    print(f"W4: after the cold start, sampled lengths min {lengths.min():.0f} median "
           f"{lengths.median():.0f} mean {lengths.mean():.1f} max {lengths.max():.0f}", file=sys.stderr)
     model.save_pretrained(path)
 
@@ -112,7 +107,7 @@ def ours(model: Path, max_new: int, steps: int, threads: int, log: Path) -> dict
     return run_json([sys.executable, "-m", "grpo.cli", "bench", f"model={model}", "task=addition",
                      f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={max_new}",
                      f"beta={BETA}", "num_iterations=1", f"lr={LR}", f"steps={steps}",
-                     "micro_batch_size=64", f"threads={threads}"], log)
+                     "micro_batch_size=64", "micro_batch_tokens=2048", f"threads={threads}"], log)
 
 
 def trl(python: str, model: Path, prompts: Path, max_new: int, steps: int, threads: int,
@@ -137,8 +132,8 @@ def main() -> None:
     (out / "models").mkdir(parents=True, exist_ok=True)
     log = out / "vs_trl.log"
     names = args.workloads.split(",")
-    models = {n: build_workload(n, out / "models") for n in names}
-    prompts = write_prompts(out / "addition_prompts.jsonl", models[names[0]])
+    prompts = write_prompts(out / "addition_prompts.jsonl", build_workload("W1", out / "models", None))
+    models = {n: build_workload(n, out / "models", prompts) for n in names}
     peaks = [matmul_peak()]
     runs: dict[str, dict[str, list[dict]]] = {n: {"grpo": [], "trl": []} for n in names}
     started = time.perf_counter()

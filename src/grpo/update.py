@@ -62,8 +62,13 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
 
 
 def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW; the fused kernel (one pass over all parameters) where this torch has it for the
+    parameters' device, which on a CPU is several times faster than the per-tensor loop."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str):
