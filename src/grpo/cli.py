@@ -2,6 +2,7 @@
 
     grpo train [CONFIG.yaml] [key=value ...]    GRPO (no arguments: the built-in demo)
     grpo train ... --print-config               print the resolved config (presets applied), run nothing
+    torchrun --nproc-per-node N -m grpo train ...   the same run on N processes (distributed.py)
     grpo sft   [CONFIG.yaml] [key=value ...]    cold-start supervised tuning only
     grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model, greedy
     grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
@@ -46,7 +47,8 @@ def cmd_train(args: list[str]) -> None:
     from grpo.train import train
     config = _config(args)
     result = train(config)
-    print(f"run directory: {result.run_dir}  (metrics.jsonl, curves.png, final/)")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run directory: {result.run_dir}  (metrics.jsonl, curves.png, final/)")
 
 
 def cmd_sft(args: list[str]) -> None:

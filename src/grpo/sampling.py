@@ -17,7 +17,8 @@ from grpo.rollout import Rollout
 
 
 class Sampler(Protocol):
-    def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False) -> Rollout: ...
+    def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
+               uniforms: torch.Tensor | None = None) -> Rollout: ...
 
 
 def completion_lengths(completion_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
@@ -48,7 +49,11 @@ class HFSampler:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
 
     @torch.no_grad()
-    def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False) -> Rollout:
+    def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
+               uniforms: torch.Tensor | None = None) -> Rollout:
+        """`uniforms` [N, max_new_tokens], if given, are the draws each row's tokens are sampled
+        with; the caller then decides the randomness, so a row's completion does not depend on
+        which other rows share its batch (or its process)."""
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)       # [N, P]
@@ -59,7 +64,7 @@ class HFSampler:
             completion_ids, sampler_logprobs = generate(
                 self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
                 tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
-                top_p=self.top_p, greedy=greedy)
+                top_p=self.top_p, greedy=greedy, uniforms=uniforms)
         finally:
             self.model.train(was_training)
         T = completion_ids.shape[1]
@@ -87,7 +92,8 @@ PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the 
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_token_id: int | list[int], pad_token_id: int, *, temperature: float = 1.0,
-             top_p: float = 1.0, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             top_p: float = 1.0, greedy: bool = False,
+             uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode up to `max_new_tokens` tokens for each row of left-padded prompts [N, P].
 
     Returns the tokens [N, T] (pad after a row's EOS; T is the longest row) and the log-prob each
@@ -113,7 +119,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
             scores = scores / temperature
         if top_p_warper is not None:
             scores = top_p_warper(None, scores)
-        chosen, lse = draw(scores, greedy)
+        u = None if uniforms is None else uniforms[rows, t, None].to(scores.device)
+        chosen, lse = draw(scores, greedy, u)
         chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1)
         chosen = chosen.masked_fill(ended, pad_token_id)
         tokens[rows, t] = chosen.cpu()
@@ -129,7 +136,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     return tokens[:, :steps], logprobs[:, :steps]
 
 
-def draw(scores: torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(scores: torch.Tensor, greedy: bool = False,
+         u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from softmax(scores) [n, V], and logsumexp(scores) [n, 1].
 
     Sampling inverts the cumulative distribution at a uniform draw: exact, in a few passes over
@@ -143,7 +151,9 @@ def draw(scores: torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, torc
     if greedy:
         return scores.argmax(-1), lse
     cdf = probs.cumsum_(-1)
-    u = torch.rand(len(scores), 1, device=scores.device) * cdf[:, -1:]
+    if u is None:
+        u = torch.rand(len(scores), 1, device=scores.device)
+    u = u * cdf[:, -1:]
     chosen = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
     return chosen, lse
 

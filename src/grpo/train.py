@@ -25,8 +25,9 @@ from typing import Callable
 
 import torch
 
-from grpo import build
+from grpo import build, distributed
 from grpo.advantages import ADVANTAGES, groups_with_contrast, zero_std_fraction
+from grpo.loss import AGGREGATIONS
 from grpo.checkpoint import save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
@@ -59,6 +60,8 @@ class Learner:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     skipped_in_a_row: int = 0    # updates skipped for a non-finite loss or gradient, consecutive
     skipped_total: int = 0
+    world: distributed.World = distributed.World()   # this process's rank among `size`
+    step: int = 0                # the GRPO step being taken (it seeds the sampling draws)
 
 
 class TrainingError(RuntimeError):
@@ -71,14 +74,20 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     c = config
     if c.run.threads:
         torch.set_num_threads(c.run.threads)
+    world = distributed.setup()
     build.seed_everything(c.run.seed)
     build.check_choices(c)
+    check_world(c, world)
+    write_files = write_files and world.is_main   # only rank 0 writes; the others stay quiet
+    if not world.is_main:
+        log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
     data = build.load_data(c, reward_fns)
     if write_files:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(c))
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
+    distributed.broadcast_parameters(policy, world)
     tracker = RunTracker(run_dir) if write_files else NullTracker()
     history: list[dict] = []
 
@@ -89,8 +98,9 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if c.run.sft_steps:
         cold_start(c, policy, tokenizer, data, log)
     learner = make_learner(c, policy, tokenizer)
+    learner.world = world
     stream = PromptStream(data.train_rows, c.run.seed)
-    evaluating = bool(data.eval_rows and c.run.eval_every)
+    evaluating = bool(data.eval_rows and c.run.eval_every) and world.is_main
     accuracy = math.nan
     if evaluating:
         accuracy = evaluate(c, learner.sampler, tokenizer, data, record, step=0)
@@ -100,6 +110,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         if learner.ref is not None and c.run.ref_reset_every and step > 1 \
                 and (step - 1) % c.run.ref_reset_every == 0:
             update_reference(learner.ref, policy, c.run.ref_update_rate)  # a new outer iteration
+        learner.step = step
         rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
         record(metrics, step)
         tracker.samples(sample_records(rollout, step))
@@ -113,7 +124,24 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         tracker.close()
         from grpo.report import write_report
         write_report(run_dir)
+    distributed.barrier(world)
     return RunResult(run_dir, history, policy, tokenizer)
+
+
+def check_world(c: TrainConfig, world: distributed.World) -> None:
+    """What several processes cannot do yet, or cannot split evenly, said before any work."""
+    if world.size == 1:
+        return
+    if c.sampling.prompts_per_step % world.size:
+        raise build.ConfigError(
+            f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
+            f"number of processes ({world.size}): each process takes whole groups")
+    if c.sampling.dynamic_sampling:
+        raise build.ConfigError("config key 'dynamic_sampling' is not supported with more than one "
+                                "process yet; set dynamic_sampling=false or run one process")
+    if c.loss.advantage == "batch_norm":
+        raise build.ConfigError("config key 'advantage': batch_norm needs the whole batch's rewards "
+                                "and is not supported with more than one process yet")
 
 
 def make_learner(c: TrainConfig, policy, tokenizer) -> Learner:
@@ -135,7 +163,8 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     t0 = time.perf_counter()
     # 1-2. group sampling and rewards (dynamic sampling keeps only groups with contrast)
     timer = {"sample": 0.0, "reward": 0.0}
-    rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer)
+    rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer,
+                                          learner.world, learner.step)
     t1 = time.perf_counter()
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
@@ -159,14 +188,22 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         extra.update(tis_stats)
     t2 = time.perf_counter()
     # 4. mu policy updates against the fixed pi_old and pi_ref
+    world = learner.world
+    weights = None
+    if world.size > 1:  # the aggregation's normalizers count every process's tokens
+        everyone = distributed.gather_rows(rollout.tokens_in_loss, world)
+        weights = AGGREGATIONS[c.loss.aggregation](everyone, c.sampling.max_new_tokens)
+        weights = weights[world.rows(len(everyone)), :rollout.completion_ids.shape[1]]
     updates = []
     for _ in range(c.optim.num_iterations):
         stats = accumulate_gradients(
             learner.policy, rollout, micro_batch_size=mb, micro_batch_tokens=mb_tokens,
+            weights=weights, reduce=lambda totals: distributed.sum_values(totals, world),
             aggregation=c.loss.aggregation,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c)
+        distributed.sum_gradients([p for p in learner.policy.parameters() if p.requires_grad], world)
         stats["grad_norm"], stepped = optimizer_step(learner.policy, learner.optimizer,
                                                      c.optim.max_grad_norm, stats["loss"])
         learner.skipped_in_a_row = 0 if stepped else learner.skipped_in_a_row + 1
@@ -180,7 +217,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()
-    metrics = step_metrics(rollout, updates, sample_s=timer["sample"], reward_s=timer["reward"] + t2 - t_ref,
+    metrics = step_metrics(everyones_rows(rollout, world), updates, sample_s=timer["sample"], reward_s=timer["reward"] + t2 - t_ref,
                            reference_s=t_ref - t1, update_s=t3 - t2, step_s=t3 - t0)
     metrics.update(extra, lr=lr)
     metrics["update/skipped_steps"] = learner.skipped_total
@@ -188,7 +225,9 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
 
 
 def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data,
-                         stream: PromptStream, timer: dict | None = None) -> tuple[Rollout, dict]:
+                         stream: PromptStream, timer: dict | None = None,
+                         world: distributed.World = distributed.World(),
+                         step: int = 0) -> tuple[Rollout, dict]:
     """Sample and score `prompts_per_step` groups. With dynamic sampling (DAPO), groups whose
     rewards are all equal are dropped and more prompts are sampled, at most `max_sampling_rounds`
     extra times; if none has contrast, the last round is kept (its advantages are all 0)."""
@@ -197,8 +236,13 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
     have, dropped, rounds = 0, 0, 0
     while True:
         rows = stream.next_batch(wanted - have)
+        # The draws for every row of the whole batch, from (seed, step, round): a completion is the
+        # same whichever process samples it, so N processes reproduce one.
+        draws = torch.Generator().manual_seed(hash((c.run.seed, step, rounds)) & 0x7FFFFFFF)
+        uniforms = torch.rand(len(rows) * G, c.sampling.max_new_tokens, generator=draws)
+        rows, uniforms = world.share(rows), uniforms[world.rows(len(rows) * G)]
         t0 = time.perf_counter()
-        part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G)
+        part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms)
         part.columns = columns_of(rows, G)
         t1 = time.perf_counter()
         score_rollout(c, part, data)
@@ -300,6 +344,30 @@ def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, rewa
     metrics["time/step_s"] = step_s = step_s or (sample_s + reward_s + reference_s + update_s)
     metrics["tokens/s"] = lengths.sum().item() / step_s  # completion tokens per second of the step
     return metrics
+
+
+def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
+    """The fields `step_metrics` reads, with every process's rows (this rollout when alone)."""
+    if world.size == 1:
+        return rollout
+    parts = distributed.gather_objects(
+        {"rewards": rollout.rewards, "advantages": rollout.advantages, "truncated": rollout.truncated,
+         "group_ids": rollout.group_ids, "completion_mask": rollout.completion_mask,
+         "prompt_mask": rollout.prompt_mask, "rewards_per_fn": rollout.rewards_per_fn}, world)
+    offsets = [0]
+    for p in parts[:-1]:
+        offsets.append(offsets[-1] + int(p["group_ids"].max()) + 1)
+    return Rollout(
+        prompts=[], completions=[],
+        group_ids=torch.cat([p["group_ids"] + o for p, o in zip(parts, offsets)]),
+        prompt_ids=torch.empty(0), prompt_mask=distributed.gather_rows(rollout.prompt_mask, world),
+        completion_ids=torch.empty(0),
+        completion_mask=distributed.gather_rows(rollout.completion_mask, world),
+        sampler_logprobs=torch.empty(0), truncated=torch.cat([p["truncated"] for p in parts]),
+        rewards=torch.cat([p["rewards"] for p in parts]),
+        advantages=torch.cat([p["advantages"] for p in parts]),
+        rewards_per_fn={k: [v for p in parts for v in p["rewards_per_fn"][k]]
+                        for k in parts[0]["rewards_per_fn"]})
 
 
 def sample_records(rollout, step: int) -> list[dict]:

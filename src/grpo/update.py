@@ -87,6 +87,7 @@ def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str
 def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                          aggregation: str = "sequence_mean", max_tokens: int = 0,
                          is_weights: torch.Tensor | None = None, micro_batch_tokens: int = 0,
+                         weights: torch.Tensor | None = None, reduce=None,
                          **loss_settings) -> dict[str, float]:
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
@@ -97,8 +98,12 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
 
     Skipped, because they cannot change the gradient: rows whose advantage is 0 on every token
     when there is no KL term (beta = 0). The diagnostics then cover the rows that were updated.
+
+    With several processes, `weights` come from the whole batch's mask (`distributed`), and
+    `reduce` sums the loss and the diagnostics' numerators and token counts over processes.
     """
-    weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
+    if weights is None:
+        weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
     totals = dict.fromkeys(["loss", "tokens", "clip_low", "clip_high", "kl", "ratio", "entropy"], 0.0)
     needed = rollout
     if not loss_settings.get("beta"):
@@ -123,6 +128,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         for key, value in stats.items():
             totals[key] += value.item()
         totals["entropy"] += (entropy.detach() * part.tokens_in_loss).sum().item()
+    if reduce is not None:
+        totals = reduce(totals)
     tokens = max(totals.pop("tokens"), 1.0)
     return {"loss": totals["loss"], "kl": totals["kl"] / tokens,
             "clip/frac": (totals["clip_low"] + totals["clip_high"]) / tokens,
