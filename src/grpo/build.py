@@ -92,7 +92,25 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
         policy = load_policy(path, config.model.dtype)
     except OSError as e:
         raise ConfigError(f"config key 'model': cannot load {path!r}: {str(e).splitlines()[0]}") from None
+    if config.model.lora_r > 0:
+        policy = add_lora(policy, config)
     return policy, tokenizer
+
+
+def add_lora(policy, config: TrainConfig):
+    """Wrap the policy with a fresh LoRA adapter (peft); only the adapter's weights train."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("config key 'lora_r' needs peft: pip install 'grpo[lora]'") from None
+    m = config.model
+    present = {name.rsplit(".", 1)[-1] for name, _ in policy.named_modules()}
+    missing = [t for t in m.lora_target_modules if t not in present]
+    if missing:
+        raise ConfigError(f"config key 'lora_target_modules': the model has no layers named {missing}")
+    lora = LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, target_modules=list(m.lora_target_modules),
+                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(policy, lora)
 
 
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,

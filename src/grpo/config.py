@@ -35,6 +35,16 @@ class ModelConfig:
     """`auto` wraps prompts in the tokenizer's chat template when it has one; `none` never does."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
+    lora_r: int = 0
+    """LoRA rank (needs `pip install 'grpo[lora]'`); 0 trains every weight. With LoRA the reference
+    model is the base model with the adapter switched off, not a second copy."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_r."""
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Names of the linear layers that get an adapter."""
+    lora_merge: bool = False
+    """With LoRA, also write the merged model (base + adapter) to OUTPUT_DIR/final/merged."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +336,7 @@ def validate(config: TrainConfig) -> None:
         if c[key] < 1:
             raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
     for key in ["steps", "sft_steps", "eval_every", "save_every", "ref_reset_every",
-                "warmup_steps", "eval_size", "threads", "micro_batch_tokens", "max_sampling_rounds", "max_skipped_updates"]:
+                "warmup_steps", "eval_size", "threads", "micro_batch_tokens", "lora_r", "max_sampling_rounds", "max_skipped_updates"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm", "tis_cap",

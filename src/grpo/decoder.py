@@ -28,13 +28,14 @@ SUPPORTED = {"llama", "qwen2", "mistral"}
 def supports(model) -> bool:
     """True for the architectures this file computes exactly: rotary embeddings come from the
     model's own rotary module, so any rope scaling it implements is honoured."""
+    model = unwrap(model)
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED:
         return False
     sliding = getattr(config, "use_sliding_window", False) or (
         config.model_type == "mistral" and getattr(config, "sliding_window", None))
     head = model.get_output_embeddings()
-    return (not sliding and getattr(config, "hidden_act", "silu") == "silu"
+    return (not sliding and all(_plain_lora(m) for m in model.modules() if hasattr(m, "lora_A")) and getattr(config, "hidden_act", "silu") == "silu"
             and not getattr(config, "mlp_bias", False) and getattr(config, "pretraining_tp", 1) == 1
             and isinstance(head, torch.nn.Linear))
 
@@ -50,6 +51,7 @@ class DecodeState:
 
 class Decoder:
     def __init__(self, model):
+        model = unwrap(model)
         self.model = model
         backbone = getattr(model, model.base_model_prefix)
         self.embed, self.layers, self.norm = backbone.embed_tokens, backbone.layers, backbone.norm
@@ -66,24 +68,22 @@ class Decoder:
 
     def _qkv(self, attn, h, cos, sin):
         n, L, _ = h.shape
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, L, self.heads, self.head_dim)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, L, self.kv_heads, self.head_dim)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, L, self.kv_heads, self.head_dim)
+        q = _linear(attn.q_proj, h).view(n, L, self.heads, self.head_dim)
+        k = _linear(attn.k_proj, h).view(n, L, self.kv_heads, self.head_dim)
+        v = _linear(attn.v_proj, h).view(n, L, self.kv_heads, self.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # [n, heads, L, d]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
     def _mlp(self, mlp, h):
-        gate = F.linear(h, mlp.gate_proj.weight)
-        up = F.linear(h, mlp.up_proj.weight)
-        return F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+        return _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
 
     def _attend(self, attn, q, k, v, mask):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              enable_gqa=self.kv_heads != self.heads)
         n, _, L, _ = out.shape
         out = out.transpose(1, 2).reshape(n, L, self.heads * self.head_dim)
-        return F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        return _linear(attn.o_proj, out)
 
     # -- full sequences ----------------------------------------------------------------------
     def hidden(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -214,6 +214,35 @@ class _Share(torch.autograd.Function):
 def share(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows of `x` picked by `index` (prompt rows for their completions), deterministically."""
     return _Share.apply(x, index)
+
+
+def unwrap(model):
+    """The Hugging Face model inside a peft wrapper (its LoRA layers are in place within it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _plain_lora(module) -> bool:
+    """A peft LoRA layer this file computes exactly: a plain linear base, no dropout, no variant
+    (DoRA and the like run through Hugging Face's forward instead)."""
+    return (type(getattr(module, "base_layer", None)) is torch.nn.Linear
+            and not getattr(module, "lora_variant", {})
+            and all(isinstance(d, torch.nn.Identity) for d in module.lora_dropout.values()))
+
+
+def _linear(module, h):
+    """A linear layer, or a LoRA-adapted one: base(h) + sum of B(A(h)) * scaling over the active
+    adapters, unless the adapters are switched off (the reference) or merged into the base."""
+    base = getattr(module, "base_layer", None)
+    if base is None:
+        return F.linear(h, module.weight, module.bias)
+    out = F.linear(h, base.weight, base.bias)
+    if module.disable_adapters or module.merged:
+        return out
+    for name in module.active_adapters:
+        if name in module.lora_A:
+            out = out + F.linear(F.linear(h, module.lora_A[name].weight),
+                                 module.lora_B[name].weight) * module.scaling[name]
+    return out
 
 
 def _rotate(x, cos, sin):

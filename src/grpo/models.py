@@ -233,6 +233,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     prompt positions, nor padding, nor the full [N, T, V] logits tensor ever cost time or memory.
     """
     T = completion_len
+    if hasattr(model, "get_base_model"):  # a peft model: its adapters live inside the base model
+        model = model.get_base_model()
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)

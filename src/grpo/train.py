@@ -120,7 +120,9 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             save_model_dir(policy, tokenizer, run_dir / "checkpoints" / f"step-{step}")
         log(progress_line(step, c.run.steps, metrics, accuracy, time.perf_counter() - started))
     if write_files:
-        save_model_dir(policy, tokenizer, run_dir / "final")
+        save_model_dir(policy, tokenizer, run_dir / "final")  # the adapter alone, with LoRA
+        if c.model.lora_r and c.model.lora_merge:
+            save_model_dir(policy.merge_and_unload(), tokenizer, run_dir / "final" / "merged")
         tracker.close()
         from grpo.report import write_report
         write_report(run_dir)
@@ -130,6 +132,9 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
 def check_world(c: TrainConfig, world: distributed.World) -> None:
     """What several processes cannot do yet, or cannot split evenly, said before any work."""
+    if c.model.lora_r and c.run.ref_reset_every:
+        raise build.ConfigError("config key 'ref_reset_every' cannot be used with LoRA ('lora_r' > 0): "
+                                "the reference is the base model with the adapter off")
     if world.size == 1:
         return
     if c.sampling.prompts_per_step % world.size:
@@ -149,7 +154,8 @@ def make_learner(c: TrainConfig, policy, tokenizer) -> Learner:
     optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
     return Learner(
         policy=policy,
-        ref=frozen_copy(policy) if c.loss.beta > 0 else None,
+        # With LoRA the reference is the base model: the policy with its adapter switched off.
+        ref=frozen_copy(policy) if c.loss.beta > 0 and not c.model.lora_r else None,
         sampler=HFSampler(policy, tokenizer, max_new_tokens=c.sampling.max_new_tokens,
                           temperature=c.sampling.temperature, top_p=c.sampling.top_p),
         optimizer=optimizer,
@@ -172,9 +178,12 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     if learner.ref is not None:
         rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
+    elif c.loss.beta > 0 and c.model.lora_r:
+        with learner.policy.disable_adapter():
+            rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     t_ref = time.perf_counter()
     rewards = rollout.rewards
-    if c.loss.kl_in_reward and learner.ref is not None:
+    if c.loss.kl_in_reward and rollout.ref_logprobs is not None:
         rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
                                        rollout.completion_mask, c.loss.beta, c.loss.kl_estimator)
         extra["kl_reward/mean"] = torch.nanmean(rollout.rewards - rewards).item()

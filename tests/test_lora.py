@@ -1,0 +1,103 @@
+"""LoRA through peft: only the adapter trains, the reference is the base model with the adapter
+off (no second copy), and the run directory holds the adapter and, on request, the merged model."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo.config import build_config
+from grpo.train import train
+
+pytest.importorskip("peft")
+
+
+def distinct(prompts, completions, **columns):
+    """Varies between a random model's completions, so the advantages are not all 0."""
+    return [len(set(c)) / 4 for c in completions]
+
+
+def lora_config(model_dir, out, **extra):
+    return build_config({"model": str(model_dir), "task": "addition", "lora_r": 4, "lora_alpha": 8,
+                         "steps": 2, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
+                         "group_size": 4, "max_new_tokens": 4, "lr": 1e-2, "output_dir": str(out),
+                         "threads": 1, **extra})
+
+
+def test_lora_trains_the_adapter_only_and_saves_adapter_and_merged_model(tiny_model_dir, tmp_path,
+                                                                       monkeypatch):
+    import grpo.train as train_module
+    monkeypatch.setattr(train_module, "frozen_copy", lambda m: pytest.fail("LoRA made a reference copy"))
+    out = tmp_path / "run"
+    result = train(lora_config(tiny_model_dir, out, lora_merge=True, beta=0.04),
+                   reward_fns=[distinct], log=lambda s: None)
+    # Step 1: the adapter's B starts at 0, so policy and reference (adapter off) agree exactly.
+    assert result.history[0]["kl"] == 0.0
+    assert (out / "final" / "adapter_config.json").is_file()
+    adapter = load_file(out / "final" / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().max() > 0 for k, v in adapter.items() if "lora_B" in k)  # the adapter trained
+    base = load_file(tiny_model_dir / "model.safetensors")
+    merged = load_file(out / "final" / "merged" / "model.safetensors")
+    assert merged.keys() == base.keys()
+    changed = [k for k in base if not torch.equal(base[k], merged[k])]
+    assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                 "up_proj", "down_proj") for k in changed)
+
+
+def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
+    # After training, the reference log-probs (adapter off) must equal a fresh base model's.
+    from grpo.models import load_policy, token_logprobs
+    result = train(lora_config(tiny_model_dir, tmp_path / "run", beta=0.04, steps=3),
+                   reward_fns=[distinct], log=lambda s: None, write_files=False)
+    assert result.history[-1]["kl"] > 0  # the policy moved away from the base
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad(), result.policy.disable_adapter():
+        ref, _ = token_logprobs(result.policy, ids, mask, 3)
+    base, _ = token_logprobs(load_policy(str(tiny_model_dir)), ids, mask, 3)
+    torch.testing.assert_close(ref, base.detach(), rtol=1e-5, atol=1e-6)
+    moved, _ = token_logprobs(result.policy, ids, mask, 3)
+    assert (moved.detach() - base.detach()).abs().max() > 1e-4
+
+
+def test_lora_errors_name_the_key(tiny_model_dir, tmp_path):
+    from grpo.build import ConfigError
+    with pytest.raises(ConfigError, match="'lora_target_modules'.*no layers named \\['wq'\\]"):
+        train(lora_config(tiny_model_dir, tmp_path, lora_target_modules=["wq"]), log=lambda s: None,
+              write_files=False)
+    with pytest.raises(ConfigError, match="'ref_reset_every' cannot be used with LoRA"):
+        train(lora_config(tiny_model_dir, tmp_path, ref_reset_every=2), log=lambda s: None,
+              write_files=False)
+
+
+def test_the_lean_decoder_computes_lora_layers_as_peft_does(tiny_model_dir):
+    # The adapter's B made non-zero so LoRA changes the output; with the adapter on and off.
+    from peft import LoraConfig, get_peft_model
+    from grpo.decoder import Decoder, supports
+    from grpo.models import load_policy
+    model = get_peft_model(load_policy(str(tiny_model_dir)), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0))
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)
+    base = model.get_base_model()
+    assert supports(base)
+    ids = torch.tensor([[0, 5, 6, 7, 8], [9, 10, 11, 12, 13]])
+    mask = (ids != 0).long()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    real = mask.bool()
+    for adapter_on in (True, False):
+        if adapter_on:
+            want = base.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+            got = Decoder(base).hidden(ids, mask, pos)
+        else:
+            with model.disable_adapter():
+                want = base.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+                got = Decoder(base).hidden(ids, mask, pos)
+        torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    with model.disable_adapter():
+        off = Decoder(base).hidden(ids, mask, pos)
+    assert (Decoder(base).hidden(ids, mask, pos) - off)[real].abs().max() > 1e-3
