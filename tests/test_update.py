@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import grads_and_stats, make_rollout
-from grpo.update import logprobs_of, make_scheduler, micro_batches
+from grpo.update import logprobs_of, make_scheduler
 
 
 
@@ -70,12 +70,6 @@ def test_logprobs_of_is_independent_of_micro_batch_size_and_zero_on_padding(tiny
         torch.testing.assert_close(logprobs_of(policy, rollout, size), whole, rtol=1e-5, atol=1e-6)
     assert (whole[rollout.completion_mask == 0] == 0).all()
     assert (whole[rollout.completion_mask == 1] < 0).all()
-
-
-def test_micro_batches_cover_all_rows():
-    # 7 rows in pieces of 3: [0,3) [3,6) [6,7)
-    assert micro_batches(7, 3) == [slice(0, 3), slice(3, 6), slice(6, 7)]
-    assert micro_batches(6, 6) == [slice(0, 6)]
 
 
 # ------------------------------------------------------------------------------------ schedules

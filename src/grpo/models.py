@@ -219,6 +219,19 @@ def _head_is_plain(model) -> bool:
             and getattr(config, "logit_scale", 1.0) in (None, 1.0))
 
 
+def _lean_hidden(lean, input_ids, attention_mask, position_ids, T: int) -> torch.Tensor:
+    """Hidden states [N, T, H] that predict the last T tokens, by the lean decoder; completions
+    of one prompt (a group) share the prompt's forward pass when they are right-padded."""
+    P = input_ids.shape[1] - T
+    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
+                                      dim=0, return_inverse=True)
+    completion_attention = attention_mask[:, P:]
+    right_padded = bool((completion_attention[:, 1:] <= completion_attention[:, :-1]).all())
+    if len(prompts) < len(input_ids) and right_padded:
+        return lean.completion_hidden(prompts[:, :P], prompts[:, P:], prompt_of, input_ids[:, P:])
+    return lean.hidden(input_ids, attention_mask, position_ids)[:, -T - 1:-1]
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_len: int, with_entropy: bool = False, temperature: float = 1.0,
                    completion_mask: torch.Tensor | None = None):
@@ -246,17 +259,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
         entropy = (-(logp_all.exp() * logp_all).sum(-1) * mask).detach()
         return logp, entropy if with_entropy else None
-    P = input_ids.shape[1] - T
-    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
-                                      dim=0, return_inverse=True)
-    completion_attention = attention_mask[:, P:]
-    right_padded = bool((completion_attention[:, 1:] <= completion_attention[:, :-1]).all())
-    if decoder.supports(model) and len(prompts) < len(input_ids) and right_padded:
-        # completions of one prompt (a group) share the prompt's forward pass
-        hidden = decoder.Decoder(model).completion_hidden(prompts[:, :P], prompts[:, P:], prompt_of,
-                                                          targets)
-    elif decoder.supports(model):
-        hidden = decoder.Decoder(model).hidden(input_ids, attention_mask, position_ids)[:, -T - 1:-1]
+    if decoder.supports(model):
+        hidden = _lean_hidden(decoder.Decoder(model), input_ids, attention_mask, position_ids, T)
     else:
         backbone = getattr(model, model.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,

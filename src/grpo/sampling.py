@@ -21,10 +21,14 @@ class Sampler(Protocol):
                uniforms: torch.Tensor | None = None) -> Rollout: ...
 
 
+def eos_ids(eos_token_id: int | list[int], device=None) -> torch.Tensor:
+    """A tokenizer's EOS id, or its list of them, as a tensor for `torch.isin`."""
+    return torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=device)
+
+
 def completion_lengths(completion_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
     """Tokens up to and including the first EOS, or all T when none. [N, T] -> [N]."""
-    eos_ids = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
-    is_eos = torch.isin(completion_ids, eos_ids)
+    is_eos = torch.isin(completion_ids, eos_ids(eos_token_id))
     T = completion_ids.shape[1]
     first_eos = is_eos.float().argmax(-1) + 1
     return torch.where(is_eos.any(-1), first_eos, torch.full_like(first_eos, T)).long()
@@ -69,8 +73,7 @@ class HFSampler:
             self.model.train(was_training)
         T = completion_ids.shape[1]
         lengths = completion_lengths(completion_ids, tok.eos_token_id)
-        eos_ids = torch.tensor(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id])
-        truncated = ~torch.isin(completion_ids, eos_ids).any(-1)
+        truncated = ~torch.isin(completion_ids, eos_ids(tok.eos_token_id)).any(-1)
         completion_mask = mask_from_lengths(lengths, T)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
         sampler_logprobs = sampler_logprobs.masked_fill(completion_mask == 0, 0.0)
@@ -103,7 +106,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
 
     device = next(model.parameters()).device
     N = prompt_ids.shape[0]
-    eos = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=device)
+    eos = eos_ids(eos_token_id, device)
     top_p_warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
     tokens = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(N, max_new_tokens)

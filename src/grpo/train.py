@@ -27,11 +27,10 @@ import torch
 
 from grpo import build, distributed
 from grpo.advantages import ADVANTAGES, groups_with_contrast, zero_std_fraction
-from grpo.loss import AGGREGATIONS
 from grpo.checkpoint import save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
-from grpo.loss import kl_penalized_rewards, truncated_importance_weights
+from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
@@ -172,15 +171,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer,
                                           learner.world, learner.step)
     t1 = time.perf_counter()
-    mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
-    if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
-        # pi_old, as the trainer sees it
-        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
-    if learner.ref is not None:
-        rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
-    elif c.loss.beta > 0 and c.model.lora_r:
-        with learner.policy.disable_adapter():
-            rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
+    fixed_logprobs(c, learner, rollout)
     t_ref = time.perf_counter()
     rewards = rollout.rewards
     if c.loss.kl_in_reward and rollout.ref_logprobs is not None:
@@ -197,6 +188,34 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         extra.update(tis_stats)
     t2 = time.perf_counter()
     # 4. mu policy updates against the fixed pi_old and pi_ref
+    updates = update_policy(c, learner, rollout, is_weights)
+    lr = learner.scheduler.get_last_lr()[0]
+    learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
+    t3 = time.perf_counter()
+    metrics = step_metrics(everyones_rows(rollout, learner.world), updates, sample_s=timer["sample"],
+                           reward_s=timer["reward"] + t2 - t_ref, reference_s=t_ref - t1,
+                           update_s=t3 - t2, step_s=t3 - t0)
+    metrics.update(extra, lr=lr)
+    metrics["update/skipped_steps"] = learner.skipped_total
+    return rollout, metrics
+
+
+def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
+    """pi_old (when the ratio can differ from 1 or its values are read) and pi_ref (when beta > 0;
+    with LoRA, the policy with its adapter off), held fixed for the step's updates."""
+    mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
+    if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
+        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
+    if learner.ref is not None:
+        rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
+    elif c.loss.beta > 0 and c.model.lora_r:
+        with learner.policy.disable_adapter():
+            rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
+
+
+def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
+                  is_weights: torch.Tensor | None) -> list[dict]:
+    """`num_iterations` optimizer steps on the step's loss; non-finite ones skipped and counted."""
     world = learner.world
     weights = None
     if world.size > 1:  # the aggregation's normalizers count every process's tokens
@@ -206,12 +225,12 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     updates = []
     for _ in range(c.optim.num_iterations):
         stats = accumulate_gradients(
-            learner.policy, rollout, micro_batch_size=mb, micro_batch_tokens=mb_tokens,
-            weights=weights, reduce=lambda totals: distributed.sum_values(totals, world),
-            aggregation=c.loss.aggregation,
+            learner.policy, rollout, weights=weights,
+            reduce=lambda totals: distributed.sum_values(totals, world), aggregation=c.loss.aggregation,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
-            eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c)
+            eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
+            micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens)
         distributed.sum_gradients([p for p in learner.policy.parameters() if p.requires_grad], world)
         stats["grad_norm"], stepped = optimizer_step(learner.policy, learner.optimizer,
                                                      c.optim.max_grad_norm, stats["loss"])
@@ -223,14 +242,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
                 f"finite (last: loss {stats['loss']}, grad_norm {stats['grad_norm']}); stopping. Lower "
                 "'lr', check the reward functions, or raise 'max_skipped_updates'")
         updates.append(stats)
-    lr = learner.scheduler.get_last_lr()[0]
-    learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
-    t3 = time.perf_counter()
-    metrics = step_metrics(everyones_rows(rollout, world), updates, sample_s=timer["sample"], reward_s=timer["reward"] + t2 - t_ref,
-                           reference_s=t_ref - t1, update_s=t3 - t2, step_s=t3 - t0)
-    metrics.update(extra, lr=lr)
-    metrics["update/skipped_steps"] = learner.skipped_total
-    return rollout, metrics
+    return updates
 
 
 def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data,

@@ -16,10 +16,6 @@ from grpo.models import token_logprobs
 from grpo.rollout import Rollout
 
 
-def micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
 def length_batches(rollout: Rollout, max_rows: int, max_tokens: int = 0) -> list[list[int]]:
     """Row numbers of each micro-batch: rows sorted by length, then cut so that no batch has more
     than `max_rows` rows or (when `max_tokens` > 0) more than `max_tokens` padded tokens.
