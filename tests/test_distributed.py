@@ -39,29 +39,38 @@ def metrics(run_dir) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith(("time/", "tokens/s"))} for m in rows]
 
 
-@pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
-def test_two_processes_equal_one_with_the_whole_batch(tiny_model_dir, tmp_path, aggregation):
-    (tmp_path / "shaped.py").write_text(REWARD)
-    args = [f"model={tiny_model_dir}", f"aggregation={aggregation}", "rewards=[shaped:distinct]", *ARGS]
-    run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         f"--master-port={free_port()}", "-m", "grpo", "train", *args,
-         f"output_dir={tmp_path / 'two'}"], tmp_path)
-    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert len(one) == len(two) == 3
-    for a, b in zip(one, two):
+def torchrun(n: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+            f"--master-port={free_port()}", "-m", "grpo", "train"]
+
+
+def compare_runs(one, two, tiny_model_dir) -> tuple[dict, dict]:
+    """Metrics equal up to summation order; returns the two final weights."""
+    a_rows, b_rows = metrics(one), metrics(two)
+    assert len(a_rows) == len(b_rows) == 3
+    for a, b in zip(a_rows, b_rows):
         assert a.keys() == b.keys()
         for key in a:
             # The same completions are sampled (the draws depend on the seed, step and row, not on
             # the process), so counts and rewards are equal; losses and statistics are sums of the
             # same float32 terms in another order (two partial sums and an all-reduce).
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["step"], key)
-    p1 = load_file(tmp_path / "one" / "final" / "model.safetensors")
-    p2 = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    p1 = load_file(one / "final" / "model.safetensors")
+    p2 = load_file(two / "final" / "model.safetensors")
     assert p1.keys() == p2.keys()
     moved = max((p1[k] - load_file(tiny_model_dir / "model.safetensors")[k]).abs().max().item()
                 for k in p1)
     assert moved > 1e-4  # the runs trained: a comparison of untouched weights would prove nothing
+    return p1, p2
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
+def test_two_processes_equal_one_with_the_whole_batch(tiny_model_dir, tmp_path, aggregation):
+    (tmp_path / "shaped.py").write_text(REWARD)
+    args = [f"model={tiny_model_dir}", f"aggregation={aggregation}", "rewards=[shaped:distinct]", *ARGS]
+    run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run([*torchrun(2), *args, f"output_dir={tmp_path / 'two'}"], tmp_path)
+    p1, p2 = compare_runs(tmp_path / "one", tmp_path / "two", tiny_model_dir)
     for k in p1:
         # The gradients differ only in float32 summation order (about 1e-7 relative); Adam divides
         # by sqrt(v), so an entry near 0 can move its weight by a little more than that. Measured:
@@ -69,9 +78,27 @@ def test_two_processes_equal_one_with_the_whole_batch(tiny_model_dir, tmp_path, 
         torch.testing.assert_close(p1[k], p2[k], rtol=0, atol=1e-6, msg=k)
 
 
+def test_fsdp_two_processes_equal_one_with_the_whole_batch(tiny_model_dir, tmp_path):
+    """FSDP2 (fully_shard) on gloo: 2 processes x 2 prompts against 1 process x 4 prompts, both
+    sharded (torchrun with one process shards over a mesh of one), so the forward path is the same
+    and only the sharding and the reduce-scatter differ."""
+    (tmp_path / "shaped.py").write_text(REWARD)
+    args = [f"model={tiny_model_dir}", "parallel=fsdp", "rewards=[shaped:distinct]", *ARGS]
+    run([*torchrun(1), *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run([*torchrun(2), *args, f"output_dir={tmp_path / 'two'}"], tmp_path)
+    p1, p2 = compare_runs(tmp_path / "one", tmp_path / "two", tiny_model_dir)
+    diff = torch.cat([(p1[k] - p2[k]).abs().flatten() for k in p1])
+    # Adam's first steps move each weight by about lr * g / (|g| + 1e-8): for a gradient entry
+    # that is nearly 0, float32 summation-order noise (1e-7 of the largest entries) changes that
+    # fraction, so a few weights move by a visible part of one step. Measured after 3 steps at
+    # lr 1e-3: 28 of 1,062,912 entries beyond 1e-6, the largest 1.5e-5. A sharding or reduction
+    # error would move most entries by up to 2e-3 (two lr steps).
+    assert diff.max().item() < 1e-4
+    assert (diff > 1e-6).sum().item() <= diff.numel() // 10_000
+
+
 def test_prompts_per_step_must_divide_among_processes(tiny_model_dir, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           f"--master-port={free_port()}", "-m", "grpo", "train", f"model={tiny_model_dir}",
+    cmd = [*torchrun(2), f"model={tiny_model_dir}",
            *[a for a in ARGS if not a.startswith("prompts_per_step")], "prompts_per_step=3",
            f"output_dir={tmp_path / 'x'}"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -12,7 +12,7 @@ LAYERS = [
     {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking",
      "reward_sources", "sandbox"},                                      # infrastructure
     {"sampling", "update"},                                             # steps
-    {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__"},  # composition
+    {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume"},  # composition
 ]
 PURE = LAYERS[1]
 

@@ -127,12 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _quiet_libraries()
     from grpo.build import ConfigError
+    from grpo.checkpoint import CheckpointError
     from grpo.data import DataError
+    from grpo.resume import Stopped
     from grpo.rewards import RewardError
     from grpo.train import TrainingError
     try:
         COMMANDS[command](rest)
-    except (ConfigError, DataError, RewardError, TrainingError) as e:
+    except Stopped as e:
+        print(f"grpo {command}: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except (ConfigError, DataError, RewardError, TrainingError, CheckpointError) as e:
         print(f"grpo {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -175,8 +175,15 @@ class RunConfig:
     """alpha of a reference refresh: ref <- alpha * policy + (1 - alpha) * ref; 1 is a hard reset."""
     eval_every: int = 20
     """Evaluate on held-out prompts every this many steps, and at step 0 and the end; 0 turns it off."""
-    save_every: int = 0
-    """Write `checkpoints/step-N/` this often; 0 only writes `final/`."""
+    save_every: int = 50
+    """Write a checkpoint (`checkpoints/step-N/`: model, optimizer, scheduler, data position,
+    random states) this often; 0 writes none but `final/` (and one on SIGTERM or Ctrl-C)."""
+    keep_last: int = 2
+    """Checkpoints kept: older ones are deleted once a newer one is written; 0 keeps all."""
+    resume: str = ""
+    """`auto` continues from the newest checkpoint in output_dir whose checksums verify (older ones
+    if it does not); a `checkpoints/step-N` path continues from that one; empty starts afresh and
+    refuses an output_dir that already holds a run."""
     seed: int = 0
     """Seed for data order, sampling and initialisation; the same seed gives the same numbers."""
     output_dir: str = "runs/demo"
@@ -185,6 +192,9 @@ class RunConfig:
     """Preset that sets several keys at once (see `grpo explain`); explicit keys win over it."""
     threads: int = 0
     """Torch CPU threads; 0 leaves torch's default."""
+    parallel: str = "ddp"
+    """With several processes (torchrun): `ddp` keeps a whole model on every process and sums
+    gradients; `fsdp` shards parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
 
 
 SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig)
@@ -336,7 +346,7 @@ def validate(config: TrainConfig) -> None:
         if c[key] < 1:
             raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
     for key in ["steps", "sft_steps", "eval_every", "save_every", "ref_reset_every",
-                "warmup_steps", "eval_size", "threads", "micro_batch_tokens", "lora_r", "max_sampling_rounds", "max_skipped_updates"]:
+                "warmup_steps", "eval_size", "threads", "keep_last", "micro_batch_tokens", "lora_r", "max_sampling_rounds", "max_skipped_updates"]:
         if c[key] < 0:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     for key in ["beta", "epsilon", "epsilon_high", "lr", "weight_decay", "max_grad_norm", "tis_cap",
@@ -362,6 +372,8 @@ def validate(config: TrainConfig) -> None:
                           f"got {c['overlong_buffer']}")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
+    if c["parallel"] not in ("ddp", "fsdp"):
+        raise ConfigError(f"config key 'parallel' must be ddp or fsdp, got {c['parallel']!r}")
     if c["reward_on_error"] not in ("raise", "skip"):
         raise ConfigError(f"config key 'reward_on_error' must be raise or skip, got {c['reward_on_error']!r}")
     if c["reward_weights"] and len(c["reward_weights"]) != len(c["rewards"]):

@@ -62,6 +62,14 @@ class PromptStream:
         self.rows, self.rng = list(rows), random.Random(seed)
         self.order: list[int] = []
 
+    def state_dict(self) -> dict:
+        """Where the stream is: the rows left in this pass and the shuffler's state."""
+        return {"order": list(self.order), "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order = list(state["order"])
+        self.rng.setstate(state["rng"])
+
     def next_batch(self, size: int) -> list[dict]:
         batch = []
         while len(batch) < size:

@@ -30,7 +30,7 @@ def supports(model) -> bool:
     model's own rotary module, so any rope scaling it implements is honoured."""
     model = unwrap(model)
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in SUPPORTED:
+    if sharded(model) or config is None or getattr(config, "model_type", None) not in SUPPORTED:
         return False
     sliding = getattr(config, "use_sliding_window", False) or (
         config.model_type == "mistral" and getattr(config, "sliding_window", None))
@@ -38,6 +38,15 @@ def supports(model) -> bool:
     return (not sliding and all(_plain_lora(m) for m in model.modules() if hasattr(m, "lora_A")) and getattr(config, "hidden_act", "silu") == "silu"
             and not getattr(config, "mlp_bias", False) and getattr(config, "pretraining_tp", 1) == 1
             and isinstance(head, torch.nn.Linear))
+
+
+def sharded(model) -> bool:
+    """True when some parameter is an FSDP2 shard (a DTensor) rather than a whole tensor."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 @dataclass

@@ -15,6 +15,7 @@ gloo on CPUs, NCCL on GPUs (torch.distributed chooses by device).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +44,7 @@ class World:
 
 def setup() -> World:
     """Join the process group torchrun describes in the environment; a single process otherwise."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
+    if "WORLD_SIZE" not in os.environ:   # not under torchrun
         return World()
     import torch.distributed as dist
     if not dist.is_initialized():
@@ -119,3 +119,82 @@ def barrier(world: World) -> None:
     if world.size > 1:
         import torch.distributed as dist
         dist.barrier()
+
+
+# FSDP2: parameters, gradients and optimizer state sharded over the ranks (`parallel=fsdp`).
+
+def shard(model, world: World):
+    """`fully_shard` each decoder layer, then the whole model, over all ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world.size,))
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in getattr(getattr(inner, inner.base_model_prefix), "layers", []):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def undo_gradient_mean(params: list[torch.Tensor], world: World) -> None:
+    """FSDP2's reduce-scatter averages gradients over ranks; the loss weights are already global,
+    so the whole batch's gradient is the sum. (A divide factor of 1 would need PREMUL_SUM, which
+    gloo lacks.)"""
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(world.size)
+
+
+def is_sharded(model) -> bool:
+    """True for a module `shard` has wrapped."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def full_parameters(model):
+    """Inside, every rank holds the whole of a sharded model's parameters as plain tensors (one
+    all-gather), so sampling and no-gradient passes run without collectives per forward and
+    ranks may run different numbers of them. Outside, the shards are back. No-op when not sharded."""
+    if model is None or not is_sharded(model):
+        yield
+        return
+    wrapped = [m for m in model.modules() if is_sharded(m)]
+    for m in wrapped:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in wrapped:
+            m.reshard()
+
+
+def max_over(value: int, world: World) -> int:
+    """The largest `value` over ranks."""
+    if world.size == 1:
+        return value
+    import torch.distributed as dist
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def full_state_dict(model) -> dict:
+    """The whole model's state on CPU, gathered to rank 0 when sharded (other ranks get {});
+    a tied weight (an output head that is the embedding) appears once."""
+    if not is_sharded(model):
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                     cpu_offload=True))
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    return {k: v for k, v in state.items() if k not in tied or tied[k] not in state}
+
+
+def initialized() -> bool:
+    """True inside a process group (under torchrun, even with one process)."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()

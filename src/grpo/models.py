@@ -252,7 +252,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, -T:]
-    if not _head_is_plain(model):  # a model whose head is more than a linear layer
+    if not _head_is_plain(model) or decoder.sharded(model):
+        # A head that is more than a linear layer, or FSDP2 shards (gathered by the root's forward)
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids, use_cache=False).logits[:, -T - 1:-1].float()
         logp_all = F.log_softmax(logits / temperature, dim=-1)

@@ -21,14 +21,16 @@ class NullTracker:
 class RunTracker(NullTracker):
     """Appends one JSON object per `log` to metrics.jsonl and writes TensorBoard scalars."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, purge_step: int | None = None):
+        """`purge_step`: a resumed run's first step; TensorBoard hides events from there on that
+        the stopped run had written."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = open(self.run_dir / "metrics.jsonl", "a")
         self.samples_file = open(self.run_dir / "samples.jsonl", "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(str(self.run_dir / "tb"))
+            self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge_step)
         except ImportError:  # tensorboard is a dependency; this keeps a broken install usable
             self.tb = None
 

@@ -18,6 +18,7 @@ pass computes them (the ratio is 1 and the gradient is the same); `beta = 0` loa
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,9 @@ from typing import Callable
 
 import torch
 
-from grpo import build, distributed
+from grpo import build, distributed, resume
 from grpo.advantages import ADVANTAGES, groups_with_contrast, zero_std_fraction
-from grpo.checkpoint import save_model_dir
+from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
@@ -69,7 +70,8 @@ class TrainingError(RuntimeError):
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
           log: Callable[[str], None] = print, write_files: bool = True) -> RunResult:
-    """Cold start (if `sft_steps`), then `steps` GRPO steps; returns the policy and every metric."""
+    """Cold start (if `sft_steps`), then `steps` GRPO steps; returns the policy and every metric.
+    With `resume`, continues a stopped run from its checkpoint instead (`resume.py`)."""
     c = config
     if c.run.threads:
         torch.set_num_threads(c.run.threads)
@@ -81,45 +83,74 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if not world.is_main:
         log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
+    checkpoint = resume.find(c, log) if write_files or c.run.resume else None
     data = build.load_data(c, reward_fns)
+    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
+    distributed.broadcast_parameters(policy, world)
+    if checkpoint is not None:
+        for change in resume.changed_keys(c, checkpoint):
+            log(f"resuming with a changed key: {change}")
+        resume.load_weights(policy, checkpoint)
+    elif c.run.sft_steps:
+        cold_start(c, policy, tokenizer, data, log)
+    learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
+    if c.run.parallel == "fsdp" and not distributed.initialized():
+        log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
+    stream = PromptStream(data.train_rows, c.run.seed)
+    first, accuracy = 1, math.nan
+    if checkpoint is not None:
+        state = resume.restore(learner, stream, checkpoint)
+        first, accuracy = state["step"] + 1, state["accuracy"]
+        log(f"resuming from {checkpoint} at step {first}/{c.run.steps}")
     if write_files:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(c))
-    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
-    distributed.broadcast_parameters(policy, world)
-    tracker = RunTracker(run_dir) if write_files else NullTracker()
+        resume.cut_run_files(run_dir, first - 1)
+    tracker = RunTracker(run_dir, purge_step=first) if write_files else NullTracker()
     history: list[dict] = []
 
     def record(metrics: dict, step: int) -> None:
         tracker.log(metrics, step)
         history.append({"step": step, **metrics})
 
-    if c.run.sft_steps:
-        cold_start(c, policy, tokenizer, data, log)
-    learner = make_learner(c, policy, tokenizer)
-    learner.world = world
-    stream = PromptStream(data.train_rows, c.run.seed)
-    evaluating = bool(data.eval_rows and c.run.eval_every) and world.is_main
-    accuracy = math.nan
-    if evaluating:
-        accuracy = evaluate(c, learner.sampler, tokenizer, data, record, step=0)
+    evaluating = bool(data.eval_rows and c.run.eval_every)
+
+    def evaluate_now(step: int) -> float:
+        with distributed.full_parameters(policy):   # every rank gathers; rank 0 evaluates
+            if world.is_main:
+                return evaluate(c, learner.sampler, tokenizer, data, record, step=step)
+        return math.nan
+
+    if evaluating and first == 1:
+        accuracy = evaluate_now(0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
     started = time.perf_counter()
-    for step in range(1, c.run.steps + 1):
-        if learner.ref is not None and c.run.ref_reset_every and step > 1 \
-                and (step - 1) % c.run.ref_reset_every == 0:
-            update_reference(learner.ref, policy, c.run.ref_update_rate)  # a new outer iteration
-        learner.step = step
-        rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
-        record(metrics, step)
-        tracker.samples(sample_records(rollout, step))
-        if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
-            accuracy = evaluate(c, learner.sampler, tokenizer, data, record, step=step)
-        if c.run.save_every and step % c.run.save_every == 0 and write_files:
-            save_model_dir(policy, tokenizer, run_dir / "checkpoints" / f"step-{step}")
-        log(progress_line(step, c.run.steps, metrics, accuracy, time.perf_counter() - started))
+    with resume.StopOnSignal(log) as stop:
+        for step in range(first, c.run.steps + 1):
+            if learner.ref is not None and c.run.ref_reset_every and step > 1 \
+                    and (step - 1) % c.run.ref_reset_every == 0:
+                update_reference(learner.ref, policy, c.run.ref_update_rate)  # a new outer iteration
+            learner.step = step
+            rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
+            fault_point("step")
+            record(metrics, step)
+            tracker.samples(sample_records(rollout, step))
+            if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
+                accuracy = evaluate_now(step)
+            signum = stop.requested(world)
+            if (c.run.save_every and step % c.run.save_every == 0) or signum:
+                resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files)
+            log(progress_line(step - first + 1, c.run.steps - first + 1, metrics, accuracy,
+                              time.perf_counter() - started, step))
+            if signum:
+                tracker.close()
+                raise resume.Stopped(
+                    f"stopped by {signal.Signals(signum).name} after step {step}/{c.run.steps}; "
+                    f"checkpoint {run_dir / 'checkpoints' / f'step-{step}'}. Continue with the same "
+                    "command and resume=auto", signum)
+    gathered = distributed.full_state_dict(policy) if distributed.is_sharded(policy) else None
     if write_files:
-        save_model_dir(policy, tokenizer, run_dir / "final")  # the adapter alone, with LoRA
+        save_model_dir(policy, tokenizer, run_dir / "final", gathered)  # the adapter alone, with LoRA
         if c.model.lora_r and c.model.lora_merge:
             save_model_dir(policy.merge_and_unload(), tokenizer, run_dir / "final" / "merged")
         tracker.close()
@@ -134,6 +165,9 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
     if c.model.lora_r and c.run.ref_reset_every:
         raise build.ConfigError("config key 'ref_reset_every' cannot be used with LoRA ('lora_r' > 0): "
                                 "the reference is the base model with the adapter off")
+    if c.model.lora_r and c.run.parallel == "fsdp":
+        raise build.ConfigError("config key 'parallel': fsdp with LoRA ('lora_r' > 0) is not supported; "
+                                "use parallel=ddp (the base model is frozen, so only the adapter is synced)")
     if world.size == 1:
         return
     if c.sampling.prompts_per_step % world.size:
@@ -148,17 +182,25 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
                                 "and is not supported with more than one process yet")
 
 
-def make_learner(c: TrainConfig, policy, tokenizer) -> Learner:
-    """The reference (none when beta = 0), the sampler, AdamW and its schedule."""
+def make_learner(c: TrainConfig, policy, tokenizer, world: distributed.World = distributed.World(),
+                 ref_state: dict | None = None) -> Learner:
+    """The reference (none when beta = 0), the sampler, AdamW and its schedule; with
+    `parallel=fsdp` on several processes, policy and reference sharded first."""
+    # With LoRA the reference is the base model: the policy with its adapter switched off.
+    ref = frozen_copy(policy) if c.loss.beta > 0 and not c.model.lora_r else None
+    if ref is not None and ref_state is not None:   # a resumed run's reference
+        ref.load_state_dict(ref_state, strict=False)
+    if c.run.parallel == "fsdp" and distributed.initialized():   # under torchrun, any size
+        policy = distributed.shard(policy, world)
+        ref = distributed.shard(ref, world) if ref is not None else None
     optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
     return Learner(
-        policy=policy,
-        # With LoRA the reference is the base model: the policy with its adapter switched off.
-        ref=frozen_copy(policy) if c.loss.beta > 0 and not c.model.lora_r else None,
+        policy=policy, ref=ref,
         sampler=HFSampler(policy, tokenizer, max_new_tokens=c.sampling.max_new_tokens,
                           temperature=c.sampling.temperature, top_p=c.sampling.top_p),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule),
+        world=world,
     )
 
 
@@ -168,8 +210,9 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     t0 = time.perf_counter()
     # 1-2. group sampling and rewards (dynamic sampling keeps only groups with contrast)
     timer = {"sample": 0.0, "reward": 0.0}
-    rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer,
-                                          learner.world, learner.step)
+    with distributed.full_parameters(learner.policy):
+        rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer,
+                                              learner.world, learner.step)
     t1 = time.perf_counter()
     fixed_logprobs(c, learner, rollout)
     t_ref = time.perf_counter()
@@ -205,9 +248,11 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
     with LoRA, the policy with its adapter off), held fixed for the step's updates."""
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
-        rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
+        with distributed.full_parameters(learner.policy):
+            rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     if learner.ref is not None:
-        rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
+        with distributed.full_parameters(learner.ref):
+            rollout.ref_logprobs = logprobs_of(learner.ref, rollout, mb, mb_tokens)
     elif c.loss.beta > 0 and c.model.lora_r:
         with learner.policy.disable_adapter():
             rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
@@ -217,6 +262,7 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
                   is_weights: torch.Tensor | None) -> list[dict]:
     """`num_iterations` optimizer steps on the step's loss; non-finite ones skipped and counted."""
     world = learner.world
+    sharded = distributed.is_sharded(learner.policy)
     weights = None
     if world.size > 1:  # the aggregation's normalizers count every process's tokens
         everyone = distributed.gather_rows(rollout.tokens_in_loss, world)
@@ -230,8 +276,13 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
-            micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens)
-        distributed.sum_gradients([p for p in learner.policy.parameters() if p.requires_grad], world)
+            micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens,
+            passes=(lambda n: distributed.max_over(n, world)) if sharded else None)
+        trained = [p for p in learner.policy.parameters() if p.requires_grad]
+        if sharded:  # FSDP2 has already reduce-scattered (averaged) each pass's gradients
+            distributed.undo_gradient_mean(trained, world)
+        else:
+            distributed.sum_gradients(trained, world)
         stats["grad_norm"], stepped = optimizer_step(learner.policy, learner.optimizer,
                                                      c.optim.max_grad_norm, stats["loss"])
         learner.skipped_in_a_row = 0 if stepped else learner.skipped_in_a_row + 1
@@ -398,8 +449,10 @@ def sample_records(rollout, step: int) -> list[dict]:
                                         rollout.rewards.tolist(), rollout.advantages.tolist())]
 
 
-def progress_line(step: int, steps: int, m: dict, accuracy: float, elapsed: float) -> str:
-    left = elapsed / step * (steps - step)
+def progress_line(done: int, to_do: int, m: dict, accuracy: float, elapsed: float, step: int) -> str:
+    """`done` of the `to_do` steps of this session took `elapsed` seconds; `step` is the run's."""
+    left = elapsed / done * (to_do - done)
+    steps = step - done + to_do
     return (f"step {step}/{steps}  reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  "
             f"eval/accuracy {accuracy:.3f}  {m['time/step_s']:.2f}s/step  "
             f"{int(left // 60)}m{int(left % 60):02d}s left")

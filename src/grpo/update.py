@@ -8,6 +8,7 @@ and gradient exactly (up to float summation order).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -84,6 +85,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                          aggregation: str = "sequence_mean", max_tokens: int = 0,
                          is_weights: torch.Tensor | None = None, micro_batch_tokens: int = 0,
                          weights: torch.Tensor | None = None, reduce=None,
+                         passes: Callable[[int], int] | None = None,
                          **loss_settings) -> dict[str, float]:
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
@@ -97,6 +99,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
 
     With several processes, `weights` come from the whole batch's mask (`distributed`), and
     `reduce` sums the loss and the diagnostics' numerators and token counts over processes.
+    With sharded parameters (FSDP2) every process must run as many forward/backward passes as
+    the others: `passes(n)` returns that number and the extra ones contribute zero.
     """
     if weights is None:
         weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
@@ -109,7 +113,13 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
             live = [0]  # keep one row so the step still reports its diagnostics
         needed = rollout.rows(live)
         weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
-    for rows in length_batches(needed, micro_batch_size, micro_batch_tokens):
+    batches = length_batches(needed, micro_batch_size, micro_batch_tokens)
+    for _ in range((passes(len(batches)) if passes else len(batches)) - len(batches)):
+        part = needed.rows(batches[-1][:1]).trimmed()   # gathers and reduces like the others, adds 0
+        logp, _ = token_logprobs(policy, part.input_ids, part.attention_mask,
+                                 part.completion_ids.shape[1], temperature=part.temperature)
+        (logp.sum() * 0.0).backward()
+    for rows in batches:
         part = needed.rows(rows).trimmed()
         T = part.completion_ids.shape[1]
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,

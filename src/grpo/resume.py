@@ -1,0 +1,215 @@
+"""Whole-run checkpoints, exact resume, and stopping cleanly on SIGTERM or Ctrl-C.
+
+    checkpoints/step-N/
+        config.json, model.safetensors, tokenizer files   the policy, a Hugging Face model directory
+                                  (with LoRA: the adapter, as peft writes it)
+        reference.safetensors     the reference model, when it is a separate copy (beta > 0, no LoRA)
+        optimizer.pt              AdamW's state keyed by parameter name, whole (not per shard)
+        trainer_state.pt          step, scheduler, data position, skipped-update counters, last
+                                  accuracy, and the Python/NumPy/torch random states of every rank
+        config.yaml               the resolved config the run had
+        manifest.json             sizes and SHA-256 of all of the above (`checkpoint.py`)
+
+Weights and optimizer state are stored whole, so a checkpoint written by N processes, sharded
+(FSDP2) or not, loads into any number of processes. `resume=auto` continues from the newest
+checkpoint whose manifest verifies, falling back to older ones; metrics.jsonl and samples.jsonl
+are cut back to that step, so a resumed run's files read as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpo import distributed
+from grpo.checkpoint import CheckpointError, newest_valid, prune, step_dirs, verify, write_dir
+from grpo.config import ConfigError, TrainConfig, to_yaml
+
+# Keys that may change between a run and its resumption without changing what it computes.
+FREE_TO_CHANGE = {"steps", "save_every", "keep_last", "resume", "eval_every", "output_dir", "threads",
+                  "log_every"}
+
+
+class Stopped(RuntimeError):
+    """The run stopped on a signal after writing a checkpoint; the message says how to resume."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+# ---------------------------------------------------------------- writing
+
+def _full_optimizer_state(policy, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(policy, optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save(run_dir: Path, c: TrainConfig, learner, tokenizer, stream, step: int, accuracy: float,
+         write_files: bool) -> Path | None:
+    """Write checkpoints/step-`step`/ (rank 0; every rank takes part in gathering shards)."""
+    world = learner.world
+    sharded = distributed.is_sharded(learner.policy)
+    policy_state = distributed.full_state_dict(learner.policy) if sharded else None
+    ref_state = distributed.full_state_dict(learner.ref) if learner.ref is not None else None
+    optimizer_state = _full_optimizer_state(learner.policy, learner.optimizer)
+    rng = distributed.gather_objects({"python": random.getstate(), "numpy": np.random.get_state(),
+                                      "torch": torch.get_rng_state()}, world)
+    if not write_files:
+        return None
+    state = {"step": step, "world_size": world.size, "scheduler": learner.scheduler.state_dict(),
+             "stream": stream.state_dict(), "skipped_in_a_row": learner.skipped_in_a_row,
+             "skipped_total": learner.skipped_total, "accuracy": accuracy, "rng": rng}
+
+    def write(tmp: Path) -> None:
+        learner.policy.save_pretrained(tmp, safe_serialization=True, state_dict=policy_state)
+        tokenizer.save_pretrained(tmp)
+        if ref_state is not None:
+            save_file({k: v.contiguous() for k, v in ref_state.items()}, tmp / "reference.safetensors")
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "config.yaml").write_text(to_yaml(c))
+
+    parent = run_dir / "checkpoints"
+    before = [p for _, p in step_dirs(parent)]
+    try:
+        path = write_dir(parent / f"step-{step}", write)
+    except CheckpointError as e:
+        kept = f"the previous checkpoint {before[-1]} is intact" if before else "no earlier checkpoint exists"
+        raise CheckpointError(f"{e}; {kept}. Free space, then continue with resume=auto") from e.__cause__
+    prune(parent, c.run.keep_last)
+    return path
+
+
+# ---------------------------------------------------------------- reading
+
+def find(c: TrainConfig, log: Callable[[str], None]) -> Path | None:
+    """The checkpoint `resume` names: none, the newest valid one (`auto`), or a directory."""
+    run_dir = Path(c.run.output_dir)
+    if not c.run.resume:
+        existing = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "checkpoints") if p.exists()]
+        if existing:
+            raise ConfigError(
+                f"output_dir {run_dir} already holds a run ({', '.join(existing)}); continue it with "
+                "resume=auto, or choose another output_dir (nothing there was changed)")
+        return None
+    if c.run.resume == "auto":
+        path = newest_valid(run_dir / "checkpoints", log)
+        if path is None:
+            log(f"resume=auto: no valid checkpoint in {run_dir / 'checkpoints'}; starting from step 0")
+        return path
+    path = Path(c.run.resume)
+    if not path.is_dir():
+        raise ConfigError(f"config key 'resume': {path} is not a directory (use auto or a "
+                          "checkpoints/step-N directory)")
+    problem = verify(path)
+    if problem:
+        raise ConfigError(f"config key 'resume': checkpoint {path} cannot be used: {problem}")
+    return path
+
+
+def changed_keys(c: TrainConfig, path: Path) -> list[str]:
+    """Keys whose value differs from the checkpoint's config, beyond those free to change."""
+    import yaml
+    saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    now = c.flat()
+    return [f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in now
+            if k not in FREE_TO_CHANGE and k in saved and saved[k] != now[k]]
+
+
+def load_weights(policy, path: Path) -> None:
+    """The checkpoint's policy weights into a model built from the same base (before sharding)."""
+    if hasattr(policy, "peft_config"):
+        from peft import set_peft_model_state_dict
+        set_peft_model_state_dict(policy, load_file(path / "adapter_model.safetensors"))
+        return
+    state = load_file(path / "model.safetensors")
+    missing, unexpected = policy.load_state_dict(state, strict=False)
+    tied = set(getattr(policy, "all_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"{path}/model.safetensors does not fit the model: missing "
+                              f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+
+
+def reference_state(path: Path | None) -> dict | None:
+    if path is None or not (path / "reference.safetensors").is_file():
+        return None
+    return load_file(path / "reference.safetensors")
+
+
+def restore(learner, stream, path: Path) -> dict:
+    """Optimizer, scheduler, data position, counters and random states from `path`; returns the
+    trainer state (its `step` is the last step done)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    optimizer_state = torch.load(path / "optimizer.pt", weights_only=False)
+    set_optimizer_state_dict(learner.policy, learner.optimizer, optimizer_state,
+                             options=StateDictOptions(full_state_dict=True))
+    learner.scheduler.load_state_dict(state["scheduler"])
+    stream.load_state_dict(state["stream"])
+    learner.skipped_in_a_row, learner.skipped_total = state["skipped_in_a_row"], state["skipped_total"]
+    rank = learner.world.rank if state["world_size"] == learner.world.size else 0
+    rng = state["rng"][rank]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    return state
+
+
+def cut_run_files(run_dir: Path, step: int) -> None:
+    """Drop the lines of metrics.jsonl and samples.jsonl written after `step` (and a torn last
+    line), atomically, so the resumed run appends where the checkpoint was taken."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        tmp.replace(path)
+
+
+# ---------------------------------------------------------------- signals
+
+class StopOnSignal:
+    """SIGTERM or SIGINT asks the run to finish its step, write a checkpoint and stop; a second
+    SIGINT stops at once (KeyboardInterrupt). Handlers are restored on exit."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log, self.signum, self.previous = log, 0, {}
+
+    def __enter__(self) -> "StopOnSignal":
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        self.log(f"{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+                 "(Ctrl-C again stops at once)")
+
+    def requested(self, world: distributed.World) -> int:
+        """The signal number any rank received, or 0."""
+        return distributed.max_over(self.signum, world)

@@ -1,0 +1,171 @@
+"""Nothing lost: checkpoints hold the whole run, SIGKILL at any point resumes exactly, SIGTERM stops
+cleanly, a full disk or a corrupted checkpoint leaves the last good one usable."""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo import checkpoint
+from grpo.checkpoint import CheckpointError, verify
+from grpo.config import ConfigError, build_config
+from grpo.train import train
+
+ARGS = ["sft_steps=3", "prompts_per_step=4", "group_size=4", "max_new_tokens=6", "steps=8",
+        "eval_every=4", "eval_size=8", "save_every=2", "keep_last=2", "num_iterations=2",
+        "beta=0.04", "lr=1e-3", "threads=1", "seed=3"]
+
+
+def launch(args, run_dir, fault: str = "", resume: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_FAULT_KILL_AT": fault}
+    cmd = [sys.executable, "-m", "grpo", "train", *args, f"output_dir={run_dir}"]
+    return subprocess.run(cmd + (["resume=auto"] if resume else []), env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def without_times(path) -> list[dict]:
+    """metrics.jsonl without the wall-clock figures, the only values a resumed run cannot repeat."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens/s"} for r in rows]
+
+
+def test_sigkill_anywhere_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    args = [f"model={tiny_model_dir}", *ARGS]
+    whole = launch(args, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    run = tmp_path / "killed"
+    # 1. killed while writing its second checkpoint (step 4): files written, no manifest yet
+    done = launch(args, run, fault="checkpoint:2")
+    assert done.returncode == -signal.SIGKILL
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(names) == 2 and names[0].startswith(".tmp-step-4-") and names[1] == "step-2"
+    assert verify(run / "checkpoints" / "step-2") is None
+    # 2. resumed from step 2, killed after step 7's update, before its metrics were written
+    done = launch(args, run, fault="step:5", resume=True)
+    assert done.returncode == -signal.SIGKILL
+    assert "resuming from" in done.stdout and "step-2 at step 3/8" in done.stdout
+    # 3. resumed from step 6; killed from outside as soon as step 7's metrics line appears
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", *args, f"output_dir={run}",
+                             "resume=auto"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        if any(json.loads(line)["step"] == 7 for line in lines if line.endswith("}")):
+            proc.kill()
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    # 4. resumed from step 6 again; runs to the end
+    done = launch(args, run, resume=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step-6 at step 7/8" in done.stdout
+    # Bit for bit: the same weights, metrics (but wall-clock times) and samples.
+    a, b = load_file(tmp_path / "whole" / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert without_times(run / "metrics.jsonl") == without_times(tmp_path / "whole" / "metrics.jsonl")
+    assert (run / "samples.jsonl").read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
+    # keep_last=2: only the two newest checkpoints remain
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-6", "step-8"]
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_says_how_to_resume(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    args = [f"model={tiny_model_dir}", *[a for a in ARGS if not a.startswith(("steps", "save_every"))],
+            "steps=500", "save_every=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", *args, f"output_dir={run}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (
+            (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    saved = run / "checkpoints" / f"step-{last}"
+    assert f"stopped by SIGTERM after step {last}/500" in err
+    assert str(saved) in err and "resume=auto" in err
+    assert verify(saved) is None
+    assert torch.load(saved / "trainer_state.pt", weights_only=False)["step"] == last
+
+
+def small_config(tiny_model_dir, run_dir, **overrides):
+    values = {"model": str(tiny_model_dir), "sft_steps": 0, "prompts_per_step": 2, "group_size": 2,
+              "max_new_tokens": 4, "steps": 3, "eval_every": 0, "save_every": 1, "keep_last": 0,
+              "threads": 1, "output_dir": str(run_dir)}
+    return build_config({**values, **overrides})
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+    real_save, calls = torch.save, []
+
+    def save(obj, path, *a, **kw):
+        calls.append(path)
+        if str(path).endswith("trainer_state.pt") and "step-2" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, path, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(CheckpointError) as e:
+        train(small_config(tiny_model_dir, tmp_path), log=lambda line: None)
+    message = str(e.value)
+    assert "step-2" in message and "the disk is full" in message
+    assert f"the previous checkpoint {tmp_path / 'checkpoints' / 'step-1'} is intact" in message
+    assert "resume=auto" in message
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-1"]   # no temporary left
+    assert verify(tmp_path / "checkpoints" / "step-1") is None
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_resume_auto_skips_a_corrupted_checkpoint_and_a_named_one_is_an_error(tiny_model_dir, tmp_path):
+    train(small_config(tiny_model_dir, tmp_path), log=lambda line: None)
+    newest = tmp_path / "checkpoints" / "step-3"
+    data = bytearray((newest / "optimizer.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (newest / "optimizer.pt").write_bytes(bytes(data))
+    with pytest.raises(ConfigError) as e:
+        train(small_config(tiny_model_dir, tmp_path, resume=str(newest), steps=4), log=lambda line: None)
+    assert f"{newest}/optimizer.pt: checksum differs" in str(e.value)
+    lines = []
+    result = train(small_config(tiny_model_dir, tmp_path, resume="auto", steps=4), log=lines.append)
+    assert any("skipping checkpoint step-3" in line and "optimizer.pt" in line for line in lines)
+    assert any("resuming from" in line and "step-2 at step 3/4" in line for line in lines)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4] and result.history[0]["step"] == 3
+
+
+def test_a_fresh_run_refuses_a_directory_that_holds_one(tiny_model_dir, tmp_path):
+    train(small_config(tiny_model_dir, tmp_path, steps=1), log=lambda line: None)
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run .*resume=auto"):
+        train(small_config(tiny_model_dir, tmp_path, steps=1), log=lambda line: None)
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_write_dir_removes_its_temporary_on_error_and_verify_names_the_bad_file(tmp_path):
+    def write(tmp):
+        (tmp / "a.bin").write_bytes(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointError, match="the disk is full"):
+        checkpoint.write_dir(tmp_path / "step-1", write)
+    assert list(tmp_path.iterdir()) == []
+    good = checkpoint.write_dir(tmp_path / "step-2", lambda tmp: (tmp / "a.bin").write_bytes(b"abc"))
+    assert verify(good) is None
+    (good / "a.bin").write_bytes(b"abd")
+    assert verify(good) == f"{good / 'a.bin'}: checksum differs from the manifest (the file is corrupted)"
+    (good / "a.bin").unlink()
+    assert verify(good) == f"{good / 'a.bin'}: missing"
+    shutil.rmtree(good)
