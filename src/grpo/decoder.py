@@ -72,6 +72,11 @@ class Decoder:
         self.eps = c.rms_norm_eps
 
     # -- building blocks -------------------------------------------------------------------
+    def _embed(self, ids):
+        # padding_idx as the model's own nn.Embedding has it: that row takes no gradient from
+        # the input side, even when the pad token is sampled as an ordinary token.
+        return F.embedding(ids, self.embed.weight, padding_idx=self.embed.padding_idx)
+
     def _norm(self, x, module):
         return F.rms_norm(x, (x.shape[-1],), module.weight, self.eps)
 
@@ -97,7 +102,7 @@ class Decoder:
     # -- full sequences ----------------------------------------------------------------------
     def hidden(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Final hidden states [N, L, H] of left- or right-padded rows."""
-        x = F.embedding(input_ids, self.embed.weight)
+        x = self._embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
         L = input_ids.shape[1]
         causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
@@ -127,8 +132,8 @@ class Decoder:
         prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         completion_positions = prompt_mask.sum(-1)[prompt_of, None] + torch.arange(
             T, device=completion_ids.device)
-        x_p = F.embedding(prompt_ids, self.embed.weight)
-        x_c = F.embedding(completion_ids, self.embed.weight)
+        x_p = self._embed(prompt_ids)
+        x_c = self._embed(completion_ids)
         cos_p, sin_p = self.rotary(x_p, prompt_positions)
         cos_c, sin_c = self.rotary(x_c, completion_positions)
         eye = torch.eye(P, dtype=torch.bool, device=x_p.device)
@@ -155,7 +160,7 @@ class Decoder:
     def start(self, input_ids, attention_mask, max_new_tokens: int) -> tuple[torch.Tensor, DecodeState]:
         n, P = input_ids.shape
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        x = F.embedding(input_ids, self.embed.weight)
+        x = self._embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
         size = (n, self.kv_heads, P + max_new_tokens, self.head_dim)
         keys = [x.new_empty(size) for _ in self.layers]
@@ -178,7 +183,7 @@ class Decoder:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Feed one token per row [n]; return the next logits [n, V]."""
-        x = F.embedding(tokens[:, None], self.embed.weight)                   # [n, 1, H]
+        x = self._embed(tokens[:, None])                   # [n, 1, H]
         cos, sin = self.rotary(x, state.positions[:, None])
         t = state.length
         mask = state.key_valid[:, None, None, :t + 1]                         # [n, 1, 1, t+1]
