@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -104,3 +105,32 @@ def test_prompts_per_step_must_divide_among_processes(tiny_model_dir, tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "'prompts_per_step' (3) must be divisible by the number of processes (2)" in done.stderr
+
+
+def test_an_fsdp_checkpoint_continues_in_two_processes_and_in_one(tiny_model_dir, tmp_path):
+    """Checkpoints hold whole weights and optimizer state keyed by name, so the number of
+    processes may change. 2 sharded processes stop after step 2; the run continues to step 4 in
+    2 sharded processes (equal to never stopping, bit for bit) and in 1 unsharded process (equal
+    up to summation order, as the one-against-two test above)."""
+    (tmp_path / "shaped.py").write_text(REWARD)
+    args = [f"model={tiny_model_dir}", "parallel=fsdp", "rewards=[shaped:distinct]", "save_every=2",
+            *[a for a in ARGS if not a.startswith("steps=")]]
+    run([*torchrun(2), *args, "steps=4", f"output_dir={tmp_path / 'whole'}"], tmp_path)
+    run([*torchrun(2), *args, "steps=2", f"output_dir={tmp_path / 'two'}"], tmp_path)
+    shutil.copytree(tmp_path / "two", tmp_path / "one")
+    run([*torchrun(2), *args, "steps=4", "resume=auto", f"output_dir={tmp_path / 'two'}"], tmp_path)
+    run([sys.executable, "-m", "grpo", "train", *args, "steps=4", "resume=auto",
+         f"output_dir={tmp_path / 'one'}"], tmp_path)
+    whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    one = load_file(tmp_path / "one" / "final" / "model.safetensors")
+    assert all(torch.equal(whole[k], two[k]) for k in whole)
+    assert metrics(tmp_path / "two") == metrics(tmp_path / "whole")
+    rows_one, rows_whole = metrics(tmp_path / "one"), metrics(tmp_path / "whole")
+    assert [r["step"] for r in rows_one] == [1, 2, 3, 4]
+    for a, b in zip(rows_one, rows_whole):
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["step"], key)
+    diff = torch.cat([(whole[k] - one[k]).abs().flatten() for k in whole])
+    assert diff.max().item() < 1e-4   # the bound and its reason: test_fsdp_two_processes_...
+    assert (diff > 1e-6).sum().item() <= diff.numel() // 10_000
