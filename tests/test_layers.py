@@ -11,7 +11,7 @@ LAYERS = [
     {"rewards", "advantages", "loss"},                                  # algorithm (pure)
     {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking",
      "reward_sources", "sandbox"},                                      # infrastructure
-    {"sampling", "update"},                                             # steps
+    {"sampling", "vllm_sampler", "update"},                             # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume"},  # composition
 ]
 PURE = LAYERS[1]

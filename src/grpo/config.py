@@ -77,6 +77,13 @@ class SamplingConfig:
     """Sampling temperature for the group (evaluation is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling threshold for the group."""
+    sampler: str = "hf"
+    """Generation engine: `hf` (the model's own forward with a KV cache, any device) or `vllm`
+    (GPUs; pip install 'grpo[vllm]'), colocated in the training process."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """sampler=vllm: the fraction of GPU memory the engine takes for its weights and KV cache."""
+    vllm_sleep: bool = True
+    """sampler=vllm: free the engine's memory during the policy update and wake it after."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more prompts until the step is full."""
     max_sampling_rounds: int = 3
@@ -372,6 +379,11 @@ def validate(config: TrainConfig) -> None:
                           f"got {c['overlong_buffer']}")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
+    if c["sampler"] not in ("hf", "vllm"):
+        raise ConfigError(f"config key 'sampler' must be hf or vllm, got {c['sampler']!r}")
+    if not 0 < c["vllm_gpu_memory_utilization"] < 1:
+        raise ConfigError("config key 'vllm_gpu_memory_utilization' must be in (0, 1), got "
+                          f"{c['vllm_gpu_memory_utilization']}")
     if c["parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"config key 'parallel' must be ddp or fsdp, got {c['parallel']!r}")
     if c["reward_on_error"] not in ("raise", "skip"):

@@ -195,13 +195,31 @@ def make_learner(c: TrainConfig, policy, tokenizer, world: distributed.World = d
         ref = distributed.shard(ref, world) if ref is not None else None
     optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
     return Learner(
-        policy=policy, ref=ref,
-        sampler=HFSampler(policy, tokenizer, max_new_tokens=c.sampling.max_new_tokens,
-                          temperature=c.sampling.temperature, top_p=c.sampling.top_p),
+        policy=policy, ref=ref, sampler=make_sampler(c, policy, tokenizer),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule),
         world=world,
     )
+
+
+def make_sampler(c: TrainConfig, policy, tokenizer):
+    """The HF sampler on the policy itself, or a colocated vLLM engine loaded from the same
+    weights (`vllm_sampler.py`)."""
+    s = c.sampling
+    if s.sampler == "hf":
+        return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
+                         temperature=s.temperature, top_p=s.top_p)
+    from grpo.vllm_sampler import VLLMSampler, VLLMUnavailable
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    try:
+        sampler = VLLMSampler(base.name_or_path, tokenizer, max_new_tokens=s.max_new_tokens,
+                              temperature=s.temperature, top_p=s.top_p,
+                              gpu_memory_utilization=s.vllm_gpu_memory_utilization, seed=c.run.seed,
+                              dtype=c.model.dtype, sleep=s.vllm_sleep)
+    except VLLMUnavailable as e:
+        raise build.ConfigError(f"config key 'sampler': {e}") from None
+    sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
+    return sampler
 
 
 def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
@@ -231,7 +249,11 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         extra.update(tis_stats)
     t2 = time.perf_counter()
     # 4. mu policy updates against the fixed pi_old and pi_ref
+    if hasattr(learner.sampler, "sleep"):
+        learner.sampler.sleep()          # vLLM frees its memory for the update ...
     updates = update_policy(c, learner, rollout, is_weights)
+    if hasattr(learner.sampler, "sync"):
+        learner.sampler.sync(learner.policy)   # ... and samples from the new weights next step
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()

@@ -1,0 +1,119 @@
+"""The vLLM sampler's contract, on a stand-in engine: vLLM itself needs a GPU and is not a test
+dependency. The stand-in generates with the tiny model and records what the trainer asks of it."""
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo.config import ConfigError, build_config
+from grpo.vllm_sampler import rollout_from_outputs
+
+
+def test_outputs_become_a_rollout_with_eos_in_the_mask_and_the_drawn_logprobs(tiny):
+    _, tok = tiny
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    a, b = tok("ab", add_special_tokens=False).input_ids, tok("xyz", add_special_tokens=False).input_ids
+
+    def completion(ids, text):
+        return SimpleNamespace(token_ids=ids, text=text,
+                               logprobs=[{t: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, t in enumerate(ids)])
+
+    outputs = [SimpleNamespace(outputs=[completion(a + [eos], "ab"), completion(b, "xyz")])]
+    r = rollout_from_outputs(["q"], outputs, 2, tok, max_new_tokens=3, temperature=0.7)
+    assert r.completion_mask.tolist() == [[1] * (len(a) + 1) + [0] * (3 - len(a) - 1), [1, 1, 1]]
+    assert r.truncated.tolist() == [False, True]
+    assert r.completion_ids[0, len(a)].item() == eos and r.completion_ids[0, -1].item() in (pad, eos)
+    assert r.sampler_logprobs[1].tolist() == [-0.5, -1.0, -1.5]
+    assert r.sampler_logprobs[0, len(a) + 1:].abs().sum() == 0
+    assert r.group_ids.tolist() == [0, 0] and r.temperature == 0.7 and r.completions == ["ab", "xyz"]
+
+
+class FakeEngineModel:
+    def __init__(self, path):
+        from grpo.models import load_policy
+        self.model = load_policy(path)
+        self.loaded = []
+
+    def load_weights(self, weights):
+        weights = dict(weights)
+        self.loaded.append(weights)
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        assert not unexpected, unexpected
+
+
+class FakeLLM:
+    """Enough of vllm.LLM: generate with n completions per prompt, sleep, wake_up, the engine."""
+    made = []
+
+    def __init__(self, model, enable_sleep_mode, logprobs_mode, **kwargs):
+        from grpo.models import load_tokenizer
+        assert enable_sleep_mode and logprobs_mode == "processed_logprobs"
+        self.inner = FakeEngineModel(model)
+        self.tok = load_tokenizer(model)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
+            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.inner))))
+        self.events = []
+        FakeLLM.made.append(self)
+
+    def sleep(self, level):
+        self.events.append("sleep")
+
+    def wake_up(self):
+        self.events.append("wake")
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from grpo.sampling import HFSampler
+        self.events.append("generate")
+        sampler = HFSampler(self.inner.model, self.tok, max_new_tokens=params.max_tokens,
+                            temperature=params.temperature or 1.0)
+        r = sampler.sample(prompts, params.n, greedy=params.temperature == 0)
+        outs = []
+        for i in range(len(prompts)):
+            comps = []
+            for j in range(i * params.n, (i + 1) * params.n):
+                n = int(r.completion_mask[j].sum())
+                ids = r.completion_ids[j, :n].tolist()
+                comps.append(SimpleNamespace(token_ids=ids, text=r.completions[j], logprobs=[
+                    {t: SimpleNamespace(logprob=float(r.sampler_logprobs[j, k]))} for k, t in enumerate(ids)]))
+            outs.append(SimpleNamespace(outputs=comps))
+        return outs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = FakeLLM
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    FakeLLM.made.clear()
+    return module
+
+
+def test_training_with_the_vllm_sampler_sleeps_for_each_update_and_syncs_after(tiny_model_dir, tmp_path, fake_vllm):
+    from grpo.train import train
+    config = build_config({"model": str(tiny_model_dir), "sampler": "vllm", "steps": 2, "sft_steps": 2,
+                           "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
+                           "eval_every": 0, "save_every": 0, "threads": 1, "tis_cap": 2.0,
+                           "output_dir": str(tmp_path)})
+    result = train(config, log=lambda line: None)
+    (llm,) = FakeLLM.made
+    # synced once at start (the cold start changed the weights), then after each step's update
+    assert len(llm.inner.loaded) == 3
+    assert llm.events == ["generate", "sleep", "wake", "generate", "sleep", "wake"]
+    for name, p in result.policy.state_dict().items():
+        assert torch.equal(llm.inner.model.state_dict()[name], p), name
+    assert all("sampler/logp_diff" in m for m in result.history)
+    # the engine sampled with the weights the trainer had: the trainer's and sampler's log-probs agree
+    assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4
+
+
+def test_sampler_vllm_without_vllm_is_a_clear_error(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)   # import vllm raises ImportError
+    from grpo.train import train
+    config = build_config({"model": str(tiny_model_dir), "sampler": "vllm", "steps": 1, "sft_steps": 0,
+                           "eval_every": 0, "output_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"config key 'sampler': sampler=vllm needs vLLM: pip install 'grpo\[vllm\]'"):
+        train(config, log=lambda line: None)
