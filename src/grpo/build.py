@@ -5,6 +5,7 @@ Kept apart from `train.py` so the loop there reads like Algorithm 1.
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 from dataclasses import dataclass, field
@@ -92,6 +93,8 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
         policy = load_policy(path, config.model.dtype)
     except OSError as e:
         raise ConfigError(f"config key 'model': cannot load {path!r}: {str(e).splitlines()[0]}") from None
+    if torch.cuda.is_available():   # this process's GPU under torchrun (LOCAL_RANK), else the first
+        policy = policy.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
     if config.model.lora_r > 0:
         policy = add_lora(policy, config)
     return policy, tokenizer

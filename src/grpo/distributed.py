@@ -48,8 +48,15 @@ def setup() -> World:
         return World()
     import torch.distributed as dist
     if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     return World(rank=dist.get_rank(), size=dist.get_world_size())
+
+
+def _device() -> torch.device:
+    """Where collectives' tensors live: this rank's GPU under NCCL, else the CPU (gloo)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def teardown(world: World) -> None:
@@ -91,7 +98,7 @@ def sum_values(values: dict[str, float], world: World) -> dict[str, float]:
         return dict(values)
     import torch.distributed as dist
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=_device())
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
 
@@ -176,7 +183,7 @@ def max_over(value: int, world: World) -> int:
     if world.size == 1:
         return value
     import torch.distributed as dist
-    t = torch.tensor([value], dtype=torch.int64)
+    t = torch.tensor([value], dtype=torch.int64, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 

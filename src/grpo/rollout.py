@@ -90,6 +90,13 @@ class Rollout:
             ref_logprobs=cut(self.ref_logprobs, False), loss_mask=cut(self.loss_mask, False),
             advantages=cut(self.advantages, False))
 
+    def to(self, device) -> "Rollout":
+        """The same rows with every tensor on `device` (the model's, for a forward pass)."""
+        return replace(self, **{f: getattr(self, f).to(device) for f in (
+            "group_ids", "prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
+            "sampler_logprobs", "truncated", "rewards", "advantages", "old_logprobs", "ref_logprobs",
+            "loss_mask") if isinstance(getattr(self, f), torch.Tensor)})
+
     @property
     def tokens_in_loss(self) -> torch.Tensor:  # [N, T]
         return self.completion_mask if self.loss_mask is None else self.loss_mask

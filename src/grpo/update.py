@@ -50,8 +50,9 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
     """Per-token log-probs [N, T] of the rollout's completions under `model`, without gradient."""
     T = rollout.completion_ids.shape[1]
     out = torch.zeros(len(rollout), T)
+    device = next(model.parameters()).device
     for rows in length_batches(rollout, micro_batch_size, max_tokens):
-        part = rollout.rows(rows).trimmed()
+        part = rollout.rows(rows).trimmed().to(device)
         logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
                                  part.completion_ids.shape[1], temperature=part.temperature)
         out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
@@ -113,21 +114,22 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
             live = [0]  # keep one row so the step still reports its diagnostics
         needed = rollout.rows(live)
         weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
+    device = next(policy.parameters()).device
     batches = length_batches(needed, micro_batch_size, micro_batch_tokens)
     for _ in range((passes(len(batches)) if passes else len(batches)) - len(batches)):
-        part = needed.rows(batches[-1][:1]).trimmed()   # gathers and reduces like the others, adds 0
+        part = needed.rows(batches[-1][:1]).trimmed().to(device)   # gathers, reduces, adds 0
         logp, _ = token_logprobs(policy, part.input_ids, part.attention_mask,
                                  part.completion_ids.shape[1], temperature=part.temperature)
         (logp.sum() * 0.0).backward()
     for rows in batches:
-        part = needed.rows(rows).trimmed()
+        part = needed.rows(rows).trimmed().to(device)
         T = part.completion_ids.shape[1]
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
                                        with_entropy=True, temperature=part.temperature)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
-                                  part.tokens_in_loss, weights[rows][:, :T],
-                                  is_weights=None if is_weights is None else is_weights[rows][:, :T],
+                                  part.tokens_in_loss, weights[rows][:, :T].to(device),
+                                  is_weights=None if is_weights is None else is_weights[rows][:, :T].to(device),
                                   **loss_settings)
         loss.backward()
         totals["loss"] += loss.item()
