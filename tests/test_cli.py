@@ -59,3 +59,13 @@ def test_sft_then_eval(tmp_path):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["eval/n"] == 10 and 0.0 <= result["eval/accuracy"] <= 1.0
+
+
+def test_the_example_recipes_are_valid_configs():
+    from pathlib import Path
+    from grpo.config import load_config
+    recipes = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))
+    assert len(recipes) == 2
+    for path in recipes:
+        config = load_config(str(path))
+        assert config.sampling.sampler == "vllm" and config.model.dtype == "bfloat16", path
