@@ -69,3 +69,14 @@ def test_the_example_recipes_are_valid_configs():
     for path in recipes:
         config = load_config(str(path))
         assert config.sampling.sampler == "vllm" and config.model.dtype == "bfloat16", path
+
+
+def test_every_test_the_faults_table_names_exists():
+    import re
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    text = (root / "docs" / "faults.md").read_text()
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", text)
+    assert len(named) >= 20
+    for module, name in named:
+        assert f"def {name}(" in (root / "tests" / module).read_text(), (module, name)

@@ -35,7 +35,10 @@ def test_unknown_key_names_it_and_the_nearest():
 @pytest.mark.parametrize("arg, message", [
     ("group_size=four", "config key 'group_size' expects an integer"),
     ("lr=fast", "config key 'lr' expects a number"),
-    ("group_size=0", "config key 'group_size' must be at least 1"),
+    ("group_size=0", "config key 'group_size' must be at least 2"),
+    ("group_size=1", "config key 'group_size' must be at least 2, got 1: advantages compare"),
+    ("lr=-1e-5", "config key 'lr' must be 0 or more, got -1e-05"),
+    ("chat_template=always", "config key 'chat_template' must be auto, required or none"),
     ("temperature=0", "config key 'temperature' must be above 0"),
     ("lr_schedule=linear", "config key 'lr_schedule' must be constant or cosine"),
     ("algorithm=ppo", "config key 'algorithm': unknown preset"),

@@ -33,6 +33,7 @@ class Data:
     reward_weights: list[float]
     accuracy_fn: RewardFn                       # scores held-out answers for `eval/accuracy`
     demonstrations: list[tuple[str, str]] = field(default_factory=list)  # for the cold start
+    skipped_long_prompts: int = 0               # rows left out by long_prompts=skip
 
 
 def seed_everything(seed: int) -> None:
@@ -58,9 +59,13 @@ def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
     return get_reward(name)
 
 
-def check_golds(path: str, rows: list[dict]) -> None:
+def check_golds(path: str, rows: list[dict], column: str = "answer") -> None:
     """Parse every gold answer once, at load; one that holds no value is an error naming its row."""
     for row in rows:
+        if row["answer"] is None:
+            raise DataError(f"{path} row {row['_row'] + 1}: no value in the answer column '{column}', "
+                            "which math_accuracy compares with; set answer_column=NAME or choose "
+                            "rewards that need no answer")
         if not parsed_gold(row["answer"]):
             raise DataError(f"{path} row {row['_row'] + 1}: answer {str(row['answer'])[:80]!r} holds no "
                             "value math_accuracy can compare with; fix the row or drop it")
@@ -93,6 +98,8 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
         policy = load_policy(path, config.model.dtype)
     except OSError as e:
         raise ConfigError(f"config key 'model': cannot load {path!r}: {str(e).splitlines()[0]}") from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if torch.cuda.is_available():   # this process's GPU under torchrun (LOCAL_RANK), else the first
         policy = policy.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
     if config.model.lora_r > 0:
@@ -136,7 +143,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         names = config.reward.rewards or default_rewards
         reward_fns = [resolve_reward(n, config) for n in names]
     if d.dataset and check_golds_now and math_accuracy in reward_fns:
-        check_golds(d.dataset, train_rows)
+        check_golds(d.dataset, train_rows, d.answer_column)
     weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
     if len(weights) != len(reward_fns):
         raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
@@ -147,3 +154,33 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
 def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
     return [format_prompt(tokenizer, r["prompt"], config.model.chat_template,
                           config.data.system_prompt) for r in rows]
+
+
+def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
+                log=print) -> None:
+    """Rows whose templated prompt plus `max_new_tokens` exceed the model's context: an error
+    naming the first (long_prompts=error) or left out and counted (skip). Never truncated."""
+    if not context:
+        return
+    limit = context - config.sampling.max_new_tokens
+    where = config.data.dataset or f"task {config.data.task}"
+    for name in ("train_rows", "eval_rows"):
+        rows = getattr(data, name)
+        kept = []
+        lengths = [len(ids) for ids in tokenizer(prompt_texts(config, tokenizer, rows),
+                                                 add_special_tokens=False).input_ids] if rows else []
+        for i, (row, n) in enumerate(zip(rows, lengths)):
+            if n <= limit:
+                kept.append(row)
+            elif config.data.long_prompts == "error":
+                number = row.get("_row", i) + 1
+                raise DataError(f"{where} row {number}: the prompt has {n} tokens; with max_new_tokens="
+                                f"{config.sampling.max_new_tokens} it exceeds the model's context of "
+                                f"{context}. Shorten it, lower max_new_tokens, or set long_prompts=skip")
+        if len(kept) < len(rows):
+            data.skipped_long_prompts += len(rows) - len(kept)
+            log(f"long_prompts=skip: left out {len(rows) - len(kept)} of {len(rows)} "
+                f"{name.replace('_rows', '')} prompts longer than {limit} tokens")
+        setattr(data, name, kept)
+    if not data.train_rows:
+        raise DataError(f"{where}: every prompt is longer than {limit} tokens; nothing to train on")

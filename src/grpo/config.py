@@ -32,7 +32,8 @@ class ModelConfig:
     model: str = "tiny"
     """Hugging Face model directory or hub name; `tiny` builds a small model with no download."""
     chat_template: str = "auto"
-    """`auto` wraps prompts in the tokenizer's chat template when it has one; `none` never does."""
+    """`auto` wraps prompts in the tokenizer's chat template when it has one; `required` always
+    does and stops with an error when the tokenizer has none; `none` never does."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
     lora_r: int = 0
@@ -61,6 +62,9 @@ class DataConfig:
     """Dataset column with the reference answer; passed to reward functions as `answer`."""
     system_prompt: str = ""
     """System message placed before each prompt when a chat template is used."""
+    long_prompts: str = "error"
+    """A prompt whose tokens plus max_new_tokens exceed the model's context: `error` stops at load
+    naming the row; `skip` leaves such rows out and counts them. Prompts are never truncated."""
     eval_size: int = 200
     """Number of held-out prompts scored at each evaluation."""
 
@@ -347,7 +351,11 @@ def build_config(values: dict | None = None) -> TrainConfig:
 def validate(config: TrainConfig) -> None:
     """Range checks that types alone do not catch."""
     c = config.flat()
-    positive = ["group_size", "prompts_per_step", "max_new_tokens", "num_iterations",
+    if c["group_size"] < 2:
+        raise ConfigError(f"config key 'group_size' must be at least 2, got {c['group_size']}: "
+                          "advantages compare completions of the same prompt, so one has nothing "
+                          "to compare with")
+    positive = ["prompts_per_step", "max_new_tokens", "num_iterations",
                 "micro_batch_size", "sft_batch_size"]
     for key in positive:
         if c[key] < 1:
@@ -368,8 +376,11 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"config key 'top_p' must be in (0, 1], got {c['top_p']}")
     if c["lr_schedule"] not in ("constant", "cosine"):
         raise ConfigError(f"config key 'lr_schedule' must be constant or cosine, got {c['lr_schedule']!r}")
-    if c["chat_template"] not in ("auto", "none"):
-        raise ConfigError(f"config key 'chat_template' must be auto or none, got {c['chat_template']!r}")
+    if c["chat_template"] not in ("auto", "required", "none"):
+        raise ConfigError(f"config key 'chat_template' must be auto, required or none, got "
+                          f"{c['chat_template']!r}")
+    if c["long_prompts"] not in ("error", "skip"):
+        raise ConfigError(f"config key 'long_prompts' must be error or skip, got {c['long_prompts']!r}")
     if c["dtype"] not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"config key 'dtype' must be float32, bfloat16 or float16, got {c['dtype']!r}")
     if not 0 < c["ref_update_rate"] <= 1:

@@ -25,6 +25,10 @@ def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "t
     if suffix in _FORMATS:
         if not Path(path).is_file():
             raise DataError(f"dataset file not found: {path}")
+        if Path(path).stat().st_size == 0:
+            raise DataError(f"{path}: the file is empty")
+        if suffix == ".jsonl":
+            check_jsonl(path)
         table = datasets.load_dataset(_FORMATS[suffix], data_files=path, split="train")
     else:
         table = datasets.load_dataset(path, split=split)
@@ -34,6 +38,9 @@ def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "t
     if source_prompt is None:
         raise DataError(f"{path}: no prompt column '{prompt_column}' (columns: {columns}); "
                         "set prompt_column=NAME")
+    if answer_column not in columns and answer_column != "answer":
+        raise DataError(f"{path}: no answer column '{answer_column}' (columns: {columns}); "
+                        "set answer_column=NAME")
     rows = []
     for number, record in enumerate(table):
         row = {k: v for k, v in record.items() if k not in (source_prompt, answer_column)}
@@ -46,9 +53,24 @@ def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "t
     return rows
 
 
+def check_jsonl(path: str) -> None:
+    """Every non-blank line of a JSONL file is a JSON object; the error names the first that is not."""
+    import json
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:
+                raise DataError(f"{path} line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(value, dict):
+                raise DataError(f"{path} line {number}: expected a JSON object, got {type(value).__name__}")
+
+
 def format_prompt(tokenizer, prompt: str, chat_template: str, system_prompt: str = "") -> str:
     """The text the model sees: the chat template when there is one and it is wanted, else the prompt."""
-    if chat_template == "auto" and getattr(tokenizer, "chat_template", None):
+    if chat_template in ("auto", "required") and getattr(tokenizer, "chat_template", None):
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
         messages.append({"role": "user", "content": prompt})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

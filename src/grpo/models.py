@@ -68,17 +68,28 @@ def build_tiny(output_dir: str | Path, *, hidden_size: int = 128, layers: int = 
 
 
 def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
-    """Load a tokenizer; pad on the left for generation; `chat_template=none` drops any template."""
+    """Load a tokenizer; pad on the left for generation; `chat_template=none` drops any template.
+
+    With no pad token, EOS pads (masks come from generated lengths, never from the pad id); with
+    neither, or with `chat_template=required` and no template, a ValueError says what is missing.
+    """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.eos_token is None:
+        raise ValueError(f"the tokenizer of {name_or_path} has no EOS token, so completions cannot "
+                         "end; use a tokenizer that defines eos_token")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     if chat_template == "none":
         tokenizer.chat_template = None
-    elif chat_template != "auto":
-        raise ValueError(f"chat_template must be 'auto' or 'none', got {chat_template!r}")
+    elif chat_template == "required" and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"config key 'chat_template' is required, but the tokenizer of "
+                         f"{name_or_path} has no chat template; set chat_template=auto or none, or "
+                         "use an instruct model's tokenizer")
+    elif chat_template not in ("auto", "required"):
+        raise ValueError(f"chat_template must be 'auto', 'required' or 'none', got {chat_template!r}")
     return tokenizer
 
 

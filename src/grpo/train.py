@@ -87,6 +87,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     data = build.load_data(c, reward_fns)
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
     distributed.broadcast_parameters(policy, world)
+    build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     if checkpoint is not None:
         for change in resume.changed_keys(c, checkpoint):
             log(f"resuming with a changed key: {change}")
@@ -262,6 +263,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
                            update_s=t3 - t2, step_s=t3 - t0)
     metrics.update(extra, lr=lr)
     metrics["update/skipped_steps"] = learner.skipped_total
+    metrics["data/skipped_long_prompts"] = data.skipped_long_prompts
     return rollout, metrics
 
 
