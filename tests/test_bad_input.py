@@ -7,6 +7,7 @@ byte for byte unchanged. docs/faults.md lists these faults with the tests that s
 
 import hashlib
 import json
+import re
 import shutil
 
 import pytest
@@ -151,3 +152,23 @@ def test_a_failing_reward_function_is_named(done_run, tiny_model_dir, tmp_path, 
     (tmp_path / "bad_rewards.py").write_text(REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
     resume_with(done_run, tiny_model_dir, RewardError, message, rewards=[f"bad_rewards:{name}"])
+
+
+@pytest.mark.parametrize("file_text, args, message", [
+    ("steps: 3\nlr: [1e-3\n", [], r"bad\.yaml:3: not valid YAML"),
+    ("steps: 3\n", ["grup_size=4"], "unknown config key 'grup_size'; the nearest valid key is 'group_size'"),
+    ("steps: 3\n", ["group_size=1"], "config key 'group_size' must be at least 2, got 1"),
+    ("steps: 3\n", ["lr=-1e-5"], "config key 'lr' must be 0 or more"),
+    ("steps: 3\n", ["group_size=four"], "config key 'group_size' expects an integer, got 'four'"),
+])
+def test_a_bad_config_is_one_line_and_touches_nothing(done_run, tiny_model_dir, tmp_path, capsys,
+                                                      file_text, args, message):
+    from grpo.cli import main
+    (tmp_path / "bad.yaml").write_text(file_text)
+    before = snapshot(done_run)
+    status = main(["train", str(tmp_path / "bad.yaml"), f"model={tiny_model_dir}",
+                   f"output_dir={done_run}", "resume=auto", *args])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert re.search(message, err), err
+    assert snapshot(done_run) == before
