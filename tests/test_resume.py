@@ -174,7 +174,7 @@ def test_write_dir_removes_its_temporary_on_error_and_verify_names_the_bad_file(
 def test_a_second_ctrl_c_stops_at_once():
     from grpo.resume import StopOnSignal
     from grpo.distributed import World
-    lines = []
+    lines, before = [], signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         with StopOnSignal(lines.append) as stop:
             os.kill(os.getpid(), signal.SIGINT)     # the first asks for a checkpoint at step end
@@ -182,4 +182,4 @@ def test_a_second_ctrl_c_stops_at_once():
             assert "SIGINT: finishing this step, then writing a checkpoint" in lines[0]
             os.kill(os.getpid(), signal.SIGINT)     # the second does not wait
             time.sleep(1)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handlers restored
+    assert signal.getsignal(signal.SIGINT) == before   # the caller's handler is back
