@@ -7,7 +7,7 @@
     grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model, greedy
     grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
     grpo explain                                the algorithm, presets, rewards and tasks
-    grpo report RUN_DIR                         plots of a finished or running run
+    grpo report RUN_DIR [RUN_DIR ...] [--out DIR]   HTML report with plots; several runs overlaid
 """
 
 from __future__ import annotations
@@ -89,9 +89,18 @@ def cmd_bench(args: list[str]) -> None:
 
 def cmd_report(args: list[str]) -> None:
     from grpo.report import write_report
-    if len(args) != 1:
-        raise SystemExit("usage: grpo report RUN_DIR")
-    print(write_report(args[0]))
+    out = None
+    if "--out" in args:
+        i = args.index("--out")
+        if i + 1 >= len(args):
+            raise SystemExit("usage: grpo report RUN_DIR [RUN_DIR ...] [--out DIR]")
+        out, args = args[i + 1], args[:i] + args[i + 2:]
+    if not args:
+        raise SystemExit("usage: grpo report RUN_DIR [RUN_DIR ...] [--out DIR]")
+    try:
+        print(write_report(*args, out=out))
+    except FileNotFoundError as e:
+        raise SystemExit(f"grpo report: error: {e}") from None
 
 
 def cmd_explain(args: list[str]) -> None:
