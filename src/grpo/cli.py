@@ -6,7 +6,9 @@
     grpo sft   [CONFIG.yaml] [key=value ...]    cold-start supervised tuning only
     grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model, greedy
     grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
-    grpo explain                                the algorithm, presets, rewards and tasks
+    grpo explain [CONFIG.yaml] [key=value ...] [--prompt TEXT | --row N] [--json]
+                                                the four steps on one prompt, every number shown
+    grpo explain --overview                     the algorithm, presets, rewards and tasks
     grpo report RUN_DIR [RUN_DIR ...] [--out DIR]   HTML report with plots; several runs overlaid
 """
 
@@ -104,8 +106,23 @@ def cmd_report(args: list[str]) -> None:
 
 
 def cmd_explain(args: list[str]) -> None:
-    from grpo.explain import explain
-    print(explain())
+    from grpo.explain import explain_group, overview, render
+    if "--overview" in args:
+        print(overview())
+        return
+    options = {}
+    for flag in ("--prompt", "--answer", "--row"):
+        if flag in args:
+            i = args.index(flag)
+            if i + 1 >= len(args):
+                raise SystemExit(f"grpo explain: {flag} needs a value")
+            options[flag[2:]] = args[i + 1]
+            args = args[:i] + args[i + 2:]
+    as_json = "--json" in args
+    config = _config([a for a in args if a != "--json"])
+    result = explain_group(config, prompt=options.get("prompt"), answer=options.get("answer"),
+                           row=int(options.get("row", 0)))
+    print(json.dumps(result) if as_json else render(result), end="" if not as_json else "\n")
 
 
 COMMANDS = {"train": cmd_train, "sft": cmd_sft, "eval": cmd_eval, "bench": cmd_bench,
@@ -121,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"grpo: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
         return 2
-    if command not in ("report", "explain") and any(a in ("-h", "--help") for a in rest):
+    if command != "report" and any(a in ("-h", "--help") for a in rest):
         from grpo.config import help_text
         print(f"usage: grpo {command} [CONFIG.yaml] [key=value ...]\n\nkeys (defaults are the demo's):\n")
         print(help_text())

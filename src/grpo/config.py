@@ -200,7 +200,7 @@ class RunConfig:
     output_dir: str = "runs/demo"
     """Run directory for config, metrics, samples, TensorBoard events, checkpoints and plots."""
     algorithm: str = "grpo"
-    """Preset that sets several keys at once (see `grpo explain`); explicit keys win over it."""
+    """Preset that sets several keys at once (see `grpo explain --overview`); explicit keys win over it."""
     threads: int = 0
     """Torch CPU threads; 0 leaves torch's default."""
     parallel: str = "ddp"

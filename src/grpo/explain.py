@@ -1,12 +1,31 @@
-"""`grpo explain`: the algorithm in four steps, with what this installation offers at each."""
+"""`grpo explain`: the four steps of GRPO, shown on one prompt as they happen.
+
+    grpo explain [CONFIG.yaml] [key=value ...] [--prompt TEXT [--answer A] | --row N] [--json]
+    grpo explain --overview           the algorithm, rewards, tasks and presets, as text
+
+For one prompt (the task's or dataset's row N, default 0, or `--prompt`) and the configured model
+(after its cold start, if `sft_steps`): the G sampled completions, each reward with its
+components, the group's mean and standard deviation, each advantage; then the `num_iterations`
+updates, each with the per-token ratio pi/pi_old, which tokens the clip acted on and on which side,
+the per-token KL to the reference, and the loss; and finally how each completion's log-probability
+moved. The same numbers come as JSON with `--json`; they are computed by the functions training
+uses (advantages.py, loss.py, update.py), not by copies.
+"""
 
 from __future__ import annotations
 
+import math
+
+import torch
+
+from grpo import build
 from grpo.advantages import ADVANTAGES
-from grpo.config import ALGORITHMS
+from grpo.config import ALGORITHMS, TrainConfig
+from grpo.data import columns_of
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.rewards import REWARDS
 from grpo.tasks import TASKS
+from grpo.update import accumulate_gradients, logprobs_of, optimizer_step
 
 
 def _first_sentence(doc: str | None) -> str:
@@ -14,7 +33,7 @@ def _first_sentence(doc: str | None) -> str:
     return text.split(", else")[0].split("; ")[0]
 
 
-def explain() -> str:
+def overview() -> str:
     rewards = "\n".join(f"      {name:20s} {_first_sentence(fn.__doc__)}" for name, fn in REWARDS.items())
     tasks = "\n".join(f"      {t.name:20s} {t.summary}" for t in TASKS.values())
     presets = "\n".join(f"      {name:10s} " + " ".join(f"{k}={v}" for k, v in keys.items())
@@ -33,6 +52,7 @@ def explain() -> str:
       kl_estimator=: {', '.join(KL_ESTIMATORS)}
 
   The reference model is reset to the policy every ref_reset_every steps (0: never).
+  `grpo explain` (without --overview) runs these four steps on one prompt and shows every number.
 
 Built-in tasks (task=NAME):
 {tasks}
@@ -40,3 +60,161 @@ Built-in tasks (task=NAME):
 Presets (algorithm=NAME; explicit keys win; docs/algorithms.md gives the papers):
 {presets}
 """
+
+
+def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | None = None,
+                  row: int = 0, log=lambda line: None) -> dict:
+    """Sample, score, normalize and update on one prompt; every intermediate number, as a dict."""
+    from grpo.train import cold_start, fixed_logprobs, make_learner, score_rollout
+
+    build.seed_everything(c.run.seed)
+    build.check_choices(c)
+    data = build.load_data(c)
+    policy, tok = build.load_model_and_tokenizer(c, None)
+    if c.run.sft_steps and data.demonstrations:
+        cold_start(c, policy, tok, data, log)
+    learner = make_learner(c, policy, tok)
+    if prompt is not None:
+        rows = [{"prompt": prompt, "answer": answer}]
+    else:
+        if not 0 <= row < len(data.train_rows):
+            raise build.ConfigError(f"--row {row}: the data has rows 0..{len(data.train_rows) - 1}")
+        rows = [{k: v for k, v in data.train_rows[row].items() if k != "_row"}]
+    G, T = c.sampling.group_size, c.sampling.max_new_tokens
+    draws = torch.Generator().manual_seed(c.run.seed)
+    # 1. sample
+    rollout = learner.sampler.sample(build.prompt_texts(c, tok, rows), G,
+                                     uniforms=torch.rand(G, T, generator=draws))
+    rollout.columns = columns_of(rows, G)
+    # 2. score
+    score_rollout(c, rollout, data)
+    # 3. normalize
+    rewards = rollout.rewards
+    rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
+    scored = rewards[~torch.isnan(rewards)]
+    # 4. update: pi_old is the policy that sampled, fixed for every iteration
+    mb = c.optim.micro_batch_size
+    fixed_logprobs(c, learner, rollout)
+    rollout.old_logprobs = logprobs_of(policy, rollout, mb)
+    mask = rollout.tokens_in_loss
+    weights = AGGREGATIONS[c.loss.aggregation](mask, T)
+    eps_high = c.loss.epsilon_high or c.loss.epsilon
+    iterations = []
+    for _ in range(c.optim.num_iterations):
+        now = logprobs_of(policy, rollout, mb)
+        sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, rollout.advantages.unsqueeze(-1),
+                                               mask, eps_low=c.loss.epsilon, eps_high=eps_high,
+                                               clip_c=c.loss.clip_c)
+        kl = (KL_ESTIMATORS[c.loss.kl_estimator](torch.where(mask.bool(), now, rollout.ref_logprobs),
+                                                 rollout.ref_logprobs)
+              if rollout.ref_logprobs is not None else torch.zeros_like(now))
+        stats = accumulate_gradients(
+            policy, rollout, weights=weights, aggregation=c.loss.aggregation, max_tokens=T,
+            loss_type=c.loss.loss_type, beta=c.loss.beta, kl_estimator=c.loss.kl_estimator,
+            eps_low=c.loss.epsilon, eps_high=eps_high, clip_c=c.loss.clip_c, micro_batch_size=mb)
+        grad_norm, stepped = optimizer_step(policy, learner.optimizer, c.optim.max_grad_norm, stats["loss"])
+        iterations.append({"loss": stats["loss"], "grad_norm": grad_norm, "stepped": stepped,
+                           "clip_frac": stats["clip/frac"], "kl": stats["kl"],
+                           "logp": now, "ratio": torch.exp(now - rollout.old_logprobs),
+                           "clipped_low": sur.clipped_low, "clipped_high": sur.clipped_high, "kl_tokens": kl})
+    after = logprobs_of(policy, rollout, mb)
+    return _as_dict(c, rollout, tok, scored, iterations, after, weights)
+
+
+def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
+    mask = rollout.tokens_in_loss.bool()
+    completions = []
+    for i in range(len(rollout)):
+        n = int(rollout.completion_mask[i].sum())
+        ids = rollout.completion_ids[i, :n].tolist()
+        reward = rollout.rewards[i].item()
+        completions.append({
+            "text": rollout.completions[i],
+            "tokens": tok.convert_ids_to_tokens(ids),
+            "rewards": {name: values[i] for name, values in rollout.rewards_per_fn.items()},
+            "reward": None if math.isnan(reward) else reward,
+            "advantage": rollout.advantages[i].item(),
+            "truncated": bool(rollout.truncated[i]),
+            "old_logprobs": rollout.old_logprobs[i, :n].tolist(),
+            "ref_logprobs": None if rollout.ref_logprobs is None else rollout.ref_logprobs[i, :n].tolist(),
+            "in_loss": mask[i, :n].tolist(),
+            "weights": weights[i, :n].tolist(),
+            "logprob_before": float((rollout.old_logprobs[i] * mask[i]).sum()),
+            "logprob_after": float((after[i] * mask[i]).sum()),
+        })
+        completions[-1]["logprob_change"] = completions[-1]["logprob_after"] - completions[-1]["logprob_before"]
+    out_iterations = []
+    for k, it in enumerate(iterations, 1):
+        per = []
+        for i in range(len(rollout)):
+            n = int(rollout.completion_mask[i].sum())
+            per.append({"logprobs": it["logp"][i, :n].tolist(), "ratio": it["ratio"][i, :n].tolist(),
+                        "clipped": ["low" if lo else "high" if hi else "" for lo, hi in
+                                    zip(it["clipped_low"][i, :n].tolist(), it["clipped_high"][i, :n].tolist())],
+                        "kl": it["kl_tokens"][i, :n].tolist()})
+        out_iterations.append({"iteration": k, "loss": it["loss"], "grad_norm": it["grad_norm"],
+                               "stepped": it["stepped"], "clip_frac": it["clip_frac"], "kl": it["kl"],
+                               "completions": per})
+    return {
+        "prompt": rollout.prompts[0], "model": c.model.model, "group_size": len(rollout),
+        "advantage": c.loss.advantage, "advantage_eps": c.loss.advantage_eps,
+        "loss_type": c.loss.loss_type, "aggregation": c.loss.aggregation, "beta": c.loss.beta,
+        "kl_estimator": c.loss.kl_estimator, "epsilon": c.loss.epsilon,
+        "epsilon_high": c.loss.epsilon_high or c.loss.epsilon, "max_new_tokens": c.sampling.max_new_tokens,
+        "group_mean": scored.mean().item() if scored.numel() else None,
+        "group_std": scored.std().item() if scored.numel() > 1 else 0.0,
+        "completions": completions, "iterations": out_iterations,
+    }
+
+
+def render(result: dict) -> str:
+    """The explanation as rich terminal tables (plain text when not a terminal)."""
+    from io import StringIO
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    buffer = StringIO()
+    console = Console(file=buffer, width=120, force_terminal=False)
+    console.print(f"[bold]Prompt[/bold] ({result['model']}): {result['prompt']!r}")
+    console.print(f"[bold]1. sample[/bold]  G = {result['group_size']} completions   "
+                  f"[bold]2. score[/bold]   [bold]3. normalize[/bold]  group mean "
+                  f"{_fmt(result['group_mean'])}, std {_fmt(result['group_std'])}, "
+                  f"A = (r - mean) / (std + {result['advantage_eps']:g})  ({result['advantage']})")
+    table = Table(show_lines=False)
+    for col in ("#", "completion", "reward", "components", "advantage", "log p before", "after", "moved"):
+        table.add_column(col, overflow="fold")
+    for i, comp in enumerate(result["completions"]):
+        parts = ", ".join(f"{k} {_fmt(v)}" for k, v in comp["rewards"].items())
+        table.add_row(str(i), repr(comp["text"]) + (" (cut)" if comp["truncated"] else ""),
+                      _fmt(comp["reward"]), parts, f"{comp['advantage']:+.3f}",
+                      f"{comp['logprob_before']:.3f}", f"{comp['logprob_after']:.3f}",
+                      f"{comp['logprob_change']:+.3f}")
+    console.print(table)
+    if all(abs(comp["advantage"]) == 0 for comp in result["completions"]):
+        console.print("Every reward in the group is equal, so every advantage is 0: the update can only "
+                      "follow the KL term. Try another --row, a larger group_size or a cold start.")
+    for it in result["iterations"]:
+        console.print(f"[bold]4. update {it['iteration']}/{len(result['iterations'])}[/bold]  loss "
+                      f"{it['loss']:+.5f}  grad norm {it['grad_norm']:.4f}  clipped "
+                      f"{it['clip_frac']:.1%} of tokens  KL {it['kl']:.5f}  ({result['loss_type']}, "
+                      f"epsilon {result['epsilon']:g}/{result['epsilon_high']:g}, beta {result['beta']:g})")
+        tokens = Table(show_header=True)
+        tokens.add_column("#")
+        tokens.add_column("token: ratio pi/pi_old \\[clipped side] KL", overflow="fold")
+        for i, (comp, per) in enumerate(zip(result["completions"], it["completions"])):
+            line = Text()
+            for tok, r, side, kl in zip(comp["tokens"], per["ratio"], per["clipped"], per["kl"]):
+                line.append(f"{tok!r}:{r:.3f}", style="bold red" if side else None)
+                line.append(f"[{side}]" if side else "")
+                line.append(f" kl {kl:.4f}  ")
+            tokens.add_row(str(i), line)
+        console.print(tokens)
+    if len(result["iterations"]) == 1:
+        console.print("With num_iterations=1 every ratio is 1 (the policy is the one that sampled), so "
+                      "nothing is clipped; set num_iterations=4 to watch the clip act.")
+    return buffer.getvalue()
+
+
+def _fmt(value) -> str:
+    return "None" if value is None else f"{value:.3f}"

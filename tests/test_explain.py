@@ -1,0 +1,95 @@
+"""`grpo explain`: its numbers are those of the advantage and loss functions on the same inputs."""
+
+import json
+
+import pytest
+import torch
+
+from grpo.advantages import ADVANTAGES
+from grpo.cli import main
+from grpo.config import build_config
+from grpo.explain import explain_group, render
+from grpo.loss import AGGREGATIONS, policy_loss
+
+SHAPED = '''
+def distinct(prompts, completions, **columns):
+    return [len(set(c)) / 6 for c in completions]
+'''
+
+
+@pytest.fixture(scope="module")
+def result(tiny_model_dir, tmp_path_factory):
+    where = tmp_path_factory.mktemp("explain")
+    (where / "shaped_explain.py").write_text(SHAPED)
+    import sys
+    sys.path.insert(0, str(where))
+    try:
+        config = build_config({"model": str(tiny_model_dir), "sft_steps": 0, "group_size": 6,
+                               "max_new_tokens": 6, "num_iterations": 3, "lr": 0.05, "beta": 0.04,
+                               "rewards": ["shaped_explain:distinct", "exact_answer"], "threads": 1})
+        return explain_group(config, row=3)
+    finally:
+        sys.path.remove(str(where))
+
+
+def padded(rows, width, value=0.0):
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
+
+
+def test_advantages_are_the_advantage_function_of_the_rewards(result):
+    rewards = torch.tensor([c["reward"] for c in result["completions"]])
+    assert rewards.std() > 0    # the group has contrast, so the update does something
+    want = ADVANTAGES["group_norm"](rewards, torch.zeros(6, dtype=torch.long), result["advantage_eps"])
+    got = torch.tensor([c["advantage"] for c in result["completions"]])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert result["group_mean"] == pytest.approx(rewards.mean().item())
+    assert result["group_std"] == pytest.approx(rewards.std().item())
+    for c in result["completions"]:   # the reward is the sum of its components (weights 1)
+        assert c["reward"] == pytest.approx(sum(c["rewards"].values()))
+
+
+def test_each_update_is_the_loss_function_of_the_shown_tokens(result):
+    comps = result["completions"]
+    T = max(len(c["tokens"]) for c in comps)
+    mask = padded([[1.0] * len(c["tokens"]) for c in comps], T)
+    old = padded([c["old_logprobs"] for c in comps], T)
+    ref = padded([c["ref_logprobs"] for c in comps], T)
+    adv = torch.tensor([c["advantage"] for c in comps])
+    weights = AGGREGATIONS[result["aggregation"]](mask, result["max_new_tokens"])
+    assert len(result["iterations"]) == 3
+    for it in result["iterations"]:
+        logp = padded([p["logprobs"] for p in it["completions"]], T)
+        loss, stats = policy_loss(logp, old, ref, adv, mask, weights, beta=result["beta"],
+                                  eps_low=result["epsilon"], eps_high=result["epsilon_high"])
+        assert it["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-7)
+        ratio = padded([p["ratio"] for p in it["completions"]], T, 1.0)
+        torch.testing.assert_close(ratio, torch.exp(logp - old) * mask + (1 - mask), rtol=1e-5, atol=1e-6)
+        clipped = sum(side != "" for p in it["completions"] for side in p["clipped"])
+        assert clipped == stats["clip_low"].item() + stats["clip_high"].item()
+        assert it["clip_frac"] == pytest.approx(clipped / mask.sum().item())
+    first = result["iterations"][0]
+    assert all(r == pytest.approx(1.0) for p in first["completions"] for r in p["ratio"])  # on-policy
+    later = result["iterations"][-1]
+    assert any(abs(r - 1) > 1e-3 for p in later["completions"] for r in p["ratio"])       # moved
+    for c, p in zip(comps, result["iterations"][0]["completions"]):
+        assert c["logprob_before"] == pytest.approx(sum(p["logprobs"]), abs=1e-4)
+
+
+def test_the_table_and_the_json_from_the_command(tiny_model_dir, capsys):
+    args = ["explain", f"model={tiny_model_dir}", "sft_steps=0", "group_size=3", "max_new_tokens=4",
+            "threads=1"]
+    assert main([*args, "--prompt", "largest of 1 2 3:", "--answer", "3"]) == 0
+    table = capsys.readouterr().out
+    for part in ("Prompt", "1. sample", "3. normalize", "advantage", "4. update 1/1", "ratio pi/pi_old",
+                 "[clipped side]", "With num_iterations=1 every ratio is 1"):
+        assert part in table, part
+    assert main([*args, "--row", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["completions"]) == 3 and data["iterations"][0]["iteration"] == 1
+
+
+def test_render_marks_clipped_tokens(result):
+    text = render(result)
+    sides = [s for it in result["iterations"] for p in it["completions"] for s in p["clipped"] if s]
+    assert sides    # lr 0.05 moves the ratio past 1 +- 0.2 by the second update
+    assert "4. update 3/3" in text and f"[{sides[0]}]" in text
