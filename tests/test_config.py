@@ -82,3 +82,25 @@ def test_flat_round_trip():
     c = build_config({"group_size": 3, "rewards": ["think_format"]})
     assert build_config(c.flat()) == c
     assert isinstance(c, TrainConfig)
+
+
+def test_the_config_reference_in_docs_is_current():
+    from pathlib import Path
+    from grpo.config import reference_markdown
+    current = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    assert current == reference_markdown() + "\n", "regenerate: python -m grpo.config > docs/config.md"
+
+
+def test_the_config_reference_refuses_a_key_without_documentation(monkeypatch):
+    import dataclasses
+    from grpo import config as config_module
+
+    @dataclasses.dataclass(frozen=True)
+    class ExtraConfig:
+        documented: int = 1
+        """This one has its docstring."""
+        forgotten: int = 2
+
+    monkeypatch.setattr(config_module, "SECTIONS", (*config_module.SECTIONS, ExtraConfig))
+    with pytest.raises(ValueError, match="config key 'forgotten' \\(ExtraConfig\\) has no docstring"):
+        config_module.reference_markdown()

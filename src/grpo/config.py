@@ -426,8 +426,42 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
+def reference_markdown() -> str:
+    """docs/config.md: every key, its type, default and meaning, from the dataclasses' docstrings.
+    Regenerate with `python -m grpo.config > docs/config.md`; a test checks the file is current."""
+    docs = field_docs()
+    hints = {cls: typing.get_type_hints(cls) for cls in SECTIONS}
+    lines = ["# Configuration reference", "",
+             "Generated from the docstrings of `src/grpo/config.py` by `python -m grpo.config > "
+             "docs/config.md`; do not edit by hand. Keys are flat: in a YAML file `key: value`, on "
+             "the command line `key=value`. `algorithm=NAME` presets set several keys at once; "
+             "explicit keys win.", ""]
+    for cls in SECTIONS:
+        lines += [f"## {cls.__name__.removesuffix('Config').lower()}", "", "| key | type | default | meaning |",
+                  "|---|---|---|---|"]
+        defaults = cls()
+        for f in dataclasses.fields(cls):
+            hint = hints[cls][f.name]
+            kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
+            if typing.get_origin(hint) is list:
+                kind = f"list[{typing.get_args(hint)[0].__name__}]"
+            default = yaml.safe_dump(getattr(defaults, f.name), default_flow_style=True).strip()
+            default = default.removesuffix("...").strip()
+            if not docs.get(f.name):
+                raise ValueError(f"config key '{f.name}' ({cls.__name__}) has no docstring; write "
+                                 "one under the field, then regenerate docs/config.md")
+            meaning = docs[f.name].replace("|", "\\|")
+            lines.append(f"| `{f.name}` | {kind} | `{default}` | {meaning} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def to_yaml(config: TrainConfig) -> str:
     return yaml.safe_dump(config.flat(), sort_keys=False)
+
+
+if __name__ == "__main__":
+    print(reference_markdown())
 
 
 __all__ = ["TrainConfig", "ConfigError", "load_config", "build_config", "help_text", "to_yaml",
