@@ -9,7 +9,7 @@ ROOT = Path(grpo.__file__).parent
 LAYERS = [
     {"config", "rollout", "presets"},                                   # vocabulary
     {"rewards", "advantages", "loss"},                                  # algorithm (pure)
-    {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking",
+    {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
      "reward_sources", "sandbox"},                                      # infrastructure
     {"sampling", "vllm_sampler", "update"},                             # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume"},  # composition

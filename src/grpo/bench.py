@@ -24,6 +24,7 @@ from dataclasses import replace as dc_replace
 
 import torch
 
+from grpo.progress import to_stderr
 from grpo.config import TrainConfig
 
 SPLIT = ("sample", "reward", "reference", "update")
@@ -77,7 +78,7 @@ def summarize(history: list[dict], params: int, num_iterations: int, beta: float
             "step_times": [round(m["time/step_s"], 4) for m in steps]}
 
 
-def bench(config: TrainConfig, log=lambda line: print(line, file=sys.stderr)) -> dict:
+def bench(config: TrainConfig, log=to_stderr) -> dict:
     """Run `steps` steps with no cold start, evaluation or files; return the measured figures."""
     from grpo.train import train
 

@@ -79,8 +79,11 @@ def cmd_eval(args: list[str]) -> None:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
     policy, tokenizer = build.load_model_and_tokenizer(config, None)
     sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
+    from grpo.progress import Progress, to_stderr
     results: list[dict] = []
-    evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0)
+    with Progress("eval", len(data.eval_rows), to_stderr) as bar:
+        evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0,
+                 on_batch=lambda done, accuracy: bar.update(done, f"accuracy {accuracy:.3f}"))
     print(json.dumps(results[0]))
 
 

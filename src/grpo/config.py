@@ -203,6 +203,9 @@ class RunConfig:
     """Preset that sets several keys at once (see `grpo explain --overview`); explicit keys win over it."""
     threads: int = 0
     """Torch CPU threads; 0 leaves torch's default."""
+    log_every: int = 1
+    """Print the progress line (step, reward, KL, accuracy, time left) every this many steps; on a
+    terminal a live bar with the time left is drawn as well."""
     parallel: str = "ddp"
     """With several processes (torchrun): `ddp` keeps a whole model on every process and sums
     gradients; `fsdp` shards parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
@@ -355,7 +358,7 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"config key 'group_size' must be at least 2, got {c['group_size']}: "
                           "advantages compare completions of the same prompt, so one has nothing "
                           "to compare with")
-    positive = ["prompts_per_step", "max_new_tokens", "num_iterations",
+    positive = ["prompts_per_step", "log_every", "max_new_tokens", "num_iterations",
                 "micro_batch_size", "sft_batch_size"]
     for key in positive:
         if c[key] < 1:

@@ -36,6 +36,7 @@ from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
 from grpo.rollout import Rollout, concat
+from grpo.progress import Progress
 from grpo.sampling import HFSampler
 from grpo.sft import supervised_finetune
 from grpo.tracking import NullTracker, RunTracker
@@ -125,8 +126,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if evaluating and first == 1:
         accuracy = evaluate_now(0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
-    started = time.perf_counter()
-    with resume.StopOnSignal(log) as stop:
+    with resume.StopOnSignal(log) as stop, \
+            Progress("step", c.run.steps, log, c.run.log_every, start=first - 1) as bar:
         for step in range(first, c.run.steps + 1):
             if learner.ref is not None and c.run.ref_reset_every and step > 1 \
                     and (step - 1) % c.run.ref_reset_every == 0:
@@ -141,8 +142,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             signum = stop.requested(world)
             if (c.run.save_every and step % c.run.save_every == 0) or signum:
                 resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files)
-            log(progress_line(step - first + 1, c.run.steps - first + 1, metrics, accuracy,
-                              time.perf_counter() - started, step))
+            bar.update(step, metrics_line(metrics, accuracy))
             if signum:
                 tracker.close()
                 raise resume.Stopped(
@@ -391,16 +391,17 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None
     prompts = build.prompt_texts(c, tokenizer, [{"prompt": p} for p, _ in data.demonstrations])
     pairs = list(zip(prompts, [comp for _, comp in data.demonstrations]))
 
-    def on_step(step: int, loss: float, seconds: float) -> None:
-        if step % 10 == 0 or step == c.run.sft_steps:
-            log(f"cold start {step}/{c.run.sft_steps}  loss {loss:.3f}  {seconds:.2f}s/step")
+    with Progress("cold start", c.run.sft_steps, log, every=10) as bar:
+        supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
+                            batch_size=c.run.sft_batch_size, seed=c.run.seed,
+                            on_step=lambda step, loss, seconds: bar.update(
+                                step, f"loss {loss:.3f}  {seconds:.2f}s/step"))
 
-    supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
-                        batch_size=c.run.sft_batch_size, seed=c.run.seed, on_step=on_step)
 
-
-def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, record, step: int) -> float:
-    """Greedy decoding on the held-out prompts; `eval/accuracy` is the mean of the accuracy reward."""
+def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, record, step: int,
+             on_batch: Callable[[int, float], None] | None = None) -> float:
+    """Greedy decoding on the held-out prompts; `eval/accuracy` is the mean of the accuracy reward.
+    `on_batch(prompts done, accuracy so far)` after each batch of 64."""
     correct, scored = 0.0, 0
     for start in range(0, len(data.eval_rows), 64):
         rows = data.eval_rows[start:start + 64]
@@ -408,6 +409,8 @@ def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, re
         values = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, 1))
         correct += sum(v for v in values if v is not None)
         scored += sum(v is not None for v in values)
+        if on_batch is not None:
+            on_batch(start + len(rows), correct / max(scored, 1))
     accuracy = correct / max(scored, 1)
     record({"eval/accuracy": accuracy, "eval/n": scored}, step)
     return accuracy
@@ -473,10 +476,7 @@ def sample_records(rollout, step: int) -> list[dict]:
                                         rollout.rewards.tolist(), rollout.advantages.tolist())]
 
 
-def progress_line(done: int, to_do: int, m: dict, accuracy: float, elapsed: float, step: int) -> str:
-    """`done` of the `to_do` steps of this session took `elapsed` seconds; `step` is the run's."""
-    left = elapsed / done * (to_do - done)
-    steps = step - done + to_do
-    return (f"step {step}/{steps}  reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  "
-            f"eval/accuracy {accuracy:.3f}  {m['time/step_s']:.2f}s/step  "
-            f"{int(left // 60)}m{int(left % 60):02d}s left")
+def metrics_line(m: dict, accuracy: float) -> str:
+    """The key metrics of a step, in one short line."""
+    return (f"reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  eval/accuracy {accuracy:.3f}  "
+            f"{m['time/step_s']:.2f}s/step")

@@ -1,0 +1,45 @@
+"""Live progress: a bar on a terminal, plain lines every `log_every` steps elsewhere."""
+
+import io
+
+from grpo.config import build_config
+from grpo.progress import Progress, eta
+from grpo.train import train
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_not_a_terminal_gets_lines_every_log_every_and_no_bar(tiny_model_dir, tmp_path):
+    lines = []
+    train(build_config({"model": str(tiny_model_dir), "sft_steps": 0, "steps": 7, "log_every": 3,
+                        "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4, "eval_every": 0,
+                        "save_every": 0, "threads": 1, "output_dir": str(tmp_path)}), log=lines.append)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["3/7", "6/7", "7/7"]   # every 3rd, and the last
+    assert all("reward" in line and "kl" in line and line.endswith(" left") for line in steps)
+    assert not any("\r" in line or "\x1b" in line for line in lines)
+
+
+def test_a_terminal_gets_a_bar_with_the_time_left_and_the_lines():
+    screen = Terminal()
+
+    def log(line):
+        screen.write(line + "\n")
+
+    log.stream = screen
+    with Progress("step", 4, log, every=2) as bar:
+        assert bar.bar is not None
+        for done in range(1, 5):
+            bar.update(done, f"reward {done / 10:.3f}")
+    out = screen.getvalue()
+    assert "step 2/4  reward 0.200" in out and "step 4/4  reward 0.400" in out
+    assert "step 1/4  reward 0.100  " not in out     # only every 2nd is kept as a line
+    assert "left" in out and "━" in out              # the bar was drawn
+
+
+def test_eta_is_the_mean_rate_times_what_is_left():
+    assert eta(30.0, 3, 10) == "1m10s"               # 10 s a unit, 7 units left
+    assert eta(5.0, 10, 10) == "0m00s"
