@@ -203,6 +203,9 @@ class RunConfig:
     """Preset that sets several keys at once (see `grpo explain --overview`); explicit keys win over it."""
     threads: int = 0
     """Torch CPU threads; 0 leaves torch's default."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Trackers: TensorBoard events are always written (OUTPUT_DIR/tb); add `wandb` and/or `mlflow`
+    (installed separately) to log the same metrics there too."""
     log_every: int = 1
     """Print the progress line (step, reward, KL, accuracy, time left) every this many steps; on a
     terminal a live bar with the time left is drawn as well."""

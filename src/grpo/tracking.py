@@ -1,10 +1,35 @@
-"""Metrics sinks: `metrics.jsonl` and TensorBoard always; a null tracker keeps call sites plain."""
+"""Metrics sinks: `metrics.jsonl` and TensorBoard always; Weights & Biases and MLflow when
+installed and asked for (`report_to=[tensorboard,wandb,mlflow]`); a null tracker keeps call sites
+plain.
+
+W&B follows its own environment (WANDB_MODE=offline writes under OUTPUT_DIR/wandb, WANDB_PROJECT
+names the project, default "grpo"). MLflow logs to MLFLOW_TRACKING_URI, or else to a local store,
+OUTPUT_DIR/mlflow.db (`mlflow ui --backend-store-uri sqlite:///OUTPUT_DIR/mlflow.db` shows it).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
+
+from grpo.config import ConfigError
+
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}   # name -> module
+INSTALL = {"tensorboard": "tensorboard", "wandb": "'grpo[wandb]'", "mlflow": "'grpo[mlflow]'"}
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Each tracker asked for is known and installed; the error names the one that is not."""
+    import importlib.util
+    for name in report_to:
+        if name not in TRACKERS:
+            raise ConfigError(f"config key 'report_to': unknown tracker {name!r}; choose from "
+                              f"{sorted(TRACKERS)}")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise ConfigError(f"config key 'report_to' asks for {name}, which is not installed: "
+                              f"pip install {INSTALL[name]}")
 
 
 class NullTracker:
@@ -21,7 +46,8 @@ class NullTracker:
 class RunTracker(NullTracker):
     """Appends one JSON object per `log` to metrics.jsonl and writes TensorBoard scalars."""
 
-    def __init__(self, run_dir: Path, purge_step: int | None = None):
+    def __init__(self, run_dir: Path, purge_step: int | None = None, report_to: list[str] = (),
+                 config: dict | None = None):
         """`purge_step`: a resumed run's first step; TensorBoard hides events from there on that
         the stopped run had written."""
         self.run_dir = Path(run_dir)
@@ -33,15 +59,33 @@ class RunTracker(NullTracker):
             self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge_step)
         except ImportError:  # tensorboard is a dependency; this keeps a broken install usable
             self.tb = None
+        self.wandb = self.mlflow = None
+        if "wandb" in report_to:
+            import wandb
+            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpo"), name=self.run_dir.name,
+                                    dir=str(self.run_dir), config=config or {}, reinit="create_new")
+        if "mlflow" in report_to:
+            import mlflow
+            mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI")
+                                    or f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}")
+            self.mlflow = mlflow
+            self.mlflow_run = mlflow.start_run(run_name=self.run_dir.name)
+            if config:
+                mlflow.log_params({k: str(v)[:250] for k, v in config.items()})
 
     def log(self, metrics: dict, step: int) -> None:
         record = {"step": step, **metrics}
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
+        numbers = {k: v for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         if self.tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.tb.add_scalar(key, value, step)
+            for key, value in numbers.items():
+                self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+        if self.mlflow is not None:
+            self.mlflow.log_metrics(numbers, step=step)
 
     def samples(self, records: list[dict]) -> None:
         for record in records:
@@ -53,6 +97,12 @@ class RunTracker(NullTracker):
         self.samples_file.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+        if self.mlflow is not None:
+            self.mlflow.end_run()
+            self.mlflow = None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import signal
+from contextlib import contextmanager
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from grpo.rollout import Rollout, concat
 from grpo.progress import Progress
 from grpo.sampling import HFSampler
 from grpo.sft import supervised_finetune
-from grpo.tracking import NullTracker, RunTracker
+from grpo.tracking import NullTracker, RunTracker, check_trackers
 from grpo.update import accumulate_gradients, logprobs_of, make_optimizer, make_scheduler, optimizer_step
 
 
@@ -80,6 +81,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     build.seed_everything(c.run.seed)
     build.check_choices(c)
     check_world(c, world)
+    check_trackers(c.run.report_to)
     write_files = write_files and world.is_main   # only rank 0 writes; the others stay quiet
     if not world.is_main:
         log = lambda line: None  # noqa: E731
@@ -108,7 +110,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(c))
         resume.cut_run_files(run_dir, first - 1)
-    tracker = RunTracker(run_dir, purge_step=first) if write_files else NullTracker()
+    tracker = (RunTracker(run_dir, purge_step=first, report_to=c.run.report_to, config=c.flat())
+               if write_files else NullTracker())
     history: list[dict] = []
 
     def record(metrics: dict, step: int) -> None:
@@ -126,7 +129,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if evaluating and first == 1:
         accuracy = evaluate_now(0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
-    with resume.StopOnSignal(log) as stop, \
+    with closing_on_error(tracker), resume.StopOnSignal(log) as stop, \
             Progress("step", c.run.steps, log, c.run.log_every, start=first - 1) as bar:
         for step in range(first, c.run.steps + 1):
             if learner.ref is not None and c.run.ref_reset_every and step > 1 \
@@ -159,6 +162,16 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         write_report(run_dir)
     distributed.barrier(world)
     return RunResult(run_dir, history, policy, tokenizer)
+
+
+@contextmanager
+def closing_on_error(tracker):
+    """Close the trackers (finishing a W&B or MLflow run) when the loop stops on an error."""
+    try:
+        yield
+    except BaseException:
+        tracker.close()
+        raise
 
 
 def check_world(c: TrainConfig, world: distributed.World) -> None:

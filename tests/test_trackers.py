@@ -1,0 +1,71 @@
+"""Trackers: TensorBoard always; W&B (offline) and MLflow (local file store) when asked for."""
+
+import json
+import sys
+
+import pytest
+
+from grpo.config import ConfigError, build_config
+from grpo.train import train
+
+
+def short_run(tiny_model_dir, out, report_to):
+    config = build_config({"model": str(tiny_model_dir), "sft_steps": 0, "steps": 3, "prompts_per_step": 2,
+                           "group_size": 2, "max_new_tokens": 4, "eval_every": 0, "save_every": 0,
+                           "threads": 1, "output_dir": str(out), "report_to": report_to})
+    train(config, log=lambda line: None)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensorboard_events_always(tiny_model_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    metrics = short_run(tiny_model_dir, tmp_path / "run", [])
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("reward/mean")]
+    assert logged == [(m["step"], pytest.approx(m["reward/mean"])) for m in metrics]
+
+
+def test_wandb_offline_gets_the_same_metrics(tiny_model_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged, real_init = [], wandb.init
+
+    def init(**kwargs):
+        run = real_init(**kwargs)
+        real_log = run.log
+        run.log = lambda data, step=None: (logged.append((step, dict(data))), real_log(data, step=step))[1]
+        return run
+
+    monkeypatch.setattr(wandb, "init", init)
+    metrics = short_run(tiny_model_dir, tmp_path / "run", ["tensorboard", "wandb"])
+    assert [(step, data["reward/mean"]) for step, data in logged] == [(m["step"], m["reward/mean"]) for m in metrics]
+    # What reached the offline run file (protobuf records with each value's JSON text)
+    (record,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    data = record.read_bytes()
+    for m in metrics:
+        assert json.dumps(m["kl"]).encode() in data
+    assert b"reward/mean" in data and b"group_size" in data
+
+
+def test_mlflow_local_store_gets_every_step(tiny_model_dir, tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    metrics = short_run(tiny_model_dir, tmp_path / "run", ["mlflow"])
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'run' / 'mlflow.db').resolve()}")
+    (run,) = client.search_runs(experiment_ids=[e.experiment_id for e in client.search_experiments()])
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/mean"))
+    assert history == [(m["step"], pytest.approx(m["reward/mean"])) for m in metrics]
+    assert run.data.params["group_size"] == "2"
+
+
+def test_a_tracker_asked_for_but_missing_is_named(tiny_model_dir, tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="'report_to' asks for wandb, which is not installed: pip install 'grpo\\[wandb\\]'"):
+        short_run(tiny_model_dir, tmp_path / "run", ["wandb"])
+    with pytest.raises(ConfigError, match="unknown tracker 'comet'"):
+        short_run(tiny_model_dir, tmp_path / "run2", ["comet"])
+    assert not (tmp_path / "run").exists()
