@@ -80,3 +80,15 @@ def test_every_test_the_faults_table_names_exists():
     assert len(named) >= 20
     for module, name in named:
         assert f"def {name}(" in (root / "tests" / module).read_text(), (module, name)
+
+
+def test_every_function_the_walkthrough_links_exists():
+    import re
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    text = (root / "docs" / "walkthrough.md").read_text()
+    links = re.findall(r"\[`(\w+)\.(\w+)`\]\(\.\./(src/grpo/[\w/]+\.py)\)", text)
+    assert len(links) >= 25
+    for module, name, path in links:
+        assert Path(path).stem in (module, "__init__"), (module, path)
+        assert f"def {name}(" in (root / path).read_text(), (module, name)
