@@ -101,3 +101,19 @@ def test_the_lean_decoder_computes_lora_layers_as_peft_does(tiny_model_dir):
     with model.disable_adapter():
         off = Decoder(base).hidden(ids, mask, pos)
     assert (Decoder(base).hidden(ids, mask, pos) - off)[real].abs().max() > 1e-3
+
+
+def test_a_lora_run_resumes_exactly_from_its_adapter_checkpoint(tiny_model_dir, tmp_path):
+    whole = train(lora_config(tiny_model_dir, tmp_path / "whole", steps=3, beta=0.04, save_every=0),
+                  reward_fns=[distinct], log=lambda s: None)
+    train(lora_config(tiny_model_dir, tmp_path / "cut", steps=2, beta=0.04, save_every=2),
+          reward_fns=[distinct], log=lambda s: None)
+    assert (tmp_path / "cut" / "checkpoints" / "step-2" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "cut" / "checkpoints" / "step-2" / "reference.safetensors").exists()
+    resumed = train(lora_config(tiny_model_dir, tmp_path / "cut", steps=3, beta=0.04, save_every=0,
+                                resume="auto"), reward_fns=[distinct], log=lambda s: None)
+    a = load_file(tmp_path / "whole" / "final" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "cut" / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    same = {k: v for k, v in whole.history[-1].items() if not k.startswith("time/") and k != "tokens/s"}
+    assert same == {k: resumed.history[-1][k] for k in same}
