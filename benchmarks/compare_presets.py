@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from grpo.config import ALGORITHMS
 def run(name: str, extra: list[str]) -> tuple[str, float]:
     start = time.perf_counter()
     out = Path("runs/presets") / name
+    shutil.rmtree(out, ignore_errors=True)   # a fresh run each time (train refuses a used directory)
     cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={name}", f"output_dir={out}",
            "threads=1", *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

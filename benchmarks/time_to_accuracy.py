@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,7 @@ def main() -> None:
     trl_accuracy = json.loads(grpo("eval", f"model={trl_model}", *DEMO))["eval/accuracy"]
 
     run = out / "grpo_run"
+    shutil.rmtree(run, ignore_errors=True)   # a fresh run each time (train refuses a used directory)
     grpo("train", f"model={cold}", "sft_steps=0", f"steps={args.trl_steps}",
          f"eval_every={args.eval_every}", f"output_dir={run}", *DEMO)
     elapsed, reached = 0.0, None
