@@ -12,7 +12,7 @@ LAYERS = [
     {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
      "reward_sources", "sandbox"},                                      # infrastructure
     {"sampling", "vllm_sampler", "update"},                             # steps
-    {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume"},  # composition
+    {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics"},  # composition
 ]
 PURE = LAYERS[1]
 

@@ -146,7 +146,10 @@ def prune(parent: str | Path, keep_last: int) -> None:
 def save_model_dir(model, tokenizer, target: str | Path, state_dict: dict | None = None) -> Path:
     """A Hugging Face model directory (safetensors) at `target`, written atomically with a
     manifest; `state_dict`, when given, holds the weights (a sharded model's, gathered)."""
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-        tokenizer.save_pretrained(tmp)
-    return write_dir(target, write)
+    return write_dir(target, lambda tmp: write_model_files(tmp, model, tokenizer, state_dict))
+
+
+def write_model_files(directory: Path, model, tokenizer, state_dict: dict | None = None) -> None:
+    """The model's config and safetensors weights (or a peft adapter) and the tokenizer's files."""
+    model.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(directory)

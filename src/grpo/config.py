@@ -417,6 +417,11 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     return build_config(values)
 
 
+def _as_yaml(value) -> str:
+    """A default as it would be written in a YAML file or on the command line."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
 def help_text() -> str:
     """Every key with its default and meaning, grouped by section."""
     docs = field_docs()
@@ -426,7 +431,7 @@ def help_text() -> str:
         defaults = cls()
         for f in dataclasses.fields(cls):
             default = getattr(defaults, f.name)
-            lines.append(f"  {f.name}={yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}")
+            lines.append(f"  {f.name}={_as_yaml(default)}")
             lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ",
                                        subsequent_indent="      "))
     return "\n".join(lines)
@@ -451,8 +456,7 @@ def reference_markdown() -> str:
             kind = getattr(hint, "__name__", str(hint)).replace("typing.", "")
             if typing.get_origin(hint) is list:
                 kind = f"list[{typing.get_args(hint)[0].__name__}]"
-            default = yaml.safe_dump(getattr(defaults, f.name), default_flow_style=True).strip()
-            default = default.removesuffix("...").strip()
+            default = _as_yaml(getattr(defaults, f.name))
             if not docs.get(f.name):
                 raise ValueError(f"config key '{f.name}' ({cls.__name__}) has no docstring; write "
                                  "one under the field, then regenerate docs/config.md")

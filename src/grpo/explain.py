@@ -94,8 +94,9 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     scored = rewards[~torch.isnan(rewards)]
     # 4. update: pi_old is the policy that sampled, fixed for every iteration
     mb = c.optim.micro_batch_size
-    fixed_logprobs(c, learner, rollout)
-    rollout.old_logprobs = logprobs_of(policy, rollout, mb)
+    fixed_logprobs(c, learner, rollout)    # pi_ref; pi_old too when mu > 1
+    if rollout.old_logprobs is None:
+        rollout.old_logprobs = logprobs_of(policy, rollout, mb)
     mask = rollout.tokens_in_loss
     weights = AGGREGATIONS[c.loss.aggregation](mask, T)
     eps_high = c.loss.epsilon_high or c.loss.epsilon

@@ -29,7 +29,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpo import distributed
-from grpo.checkpoint import CheckpointError, newest_valid, prune, step_dirs, verify, write_dir
+from grpo.checkpoint import (CheckpointError, newest_valid, prune, step_dirs, verify, write_dir,
+                             write_model_files)
 from grpo.config import ConfigError, TrainConfig, to_yaml
 
 # Keys that may change between a run and its resumption without changing what it computes.
@@ -43,6 +44,12 @@ class Stopped(RuntimeError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = signum
+
+    @classmethod
+    def after(cls, signum: int, step: int, steps: int, run_dir: Path) -> "Stopped":
+        return cls(f"stopped by {signal.Signals(signum).name} after step {step}/{steps}; checkpoint "
+                   f"{run_dir / 'checkpoints' / f'step-{step}'}. Continue with the same command and "
+                   "resume=auto", signum)
 
 
 # ---------------------------------------------------------------- writing
@@ -70,8 +77,7 @@ def save(run_dir: Path, c: TrainConfig, learner, tokenizer, stream, step: int, a
              "skipped_total": learner.skipped_total, "accuracy": accuracy, "rng": rng}
 
     def write(tmp: Path) -> None:
-        learner.policy.save_pretrained(tmp, safe_serialization=True, state_dict=policy_state)
-        tokenizer.save_pretrained(tmp)
+        write_model_files(tmp, learner.policy, tokenizer, policy_state)
         if ref_state is not None:
             save_file({k: v.contiguous() for k, v in ref_state.items()}, tmp / "reference.safetensors")
         torch.save(optimizer_state, tmp / "optimizer.pt")

@@ -18,9 +18,8 @@ pass computes them (the ratio is 1 and the gradient is the same); `beta = 0` loa
 from __future__ import annotations
 
 import math
-import signal
-from contextlib import contextmanager
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,16 +27,17 @@ from typing import Callable
 import torch
 
 from grpo import build, distributed, resume
-from grpo.advantages import ADVANTAGES, groups_with_contrast, zero_std_fraction
+from grpo.advantages import ADVANTAGES, groups_with_contrast
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
+from grpo.metrics import everyones_rows, metrics_line, sample_records, step_metrics
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
-from grpo.rollout import Rollout, concat
 from grpo.progress import Progress
+from grpo.rollout import Rollout, concat
 from grpo.sampling import HFSampler
 from grpo.sft import supervised_finetune
 from grpo.tracking import NullTracker, RunTracker, check_trackers
@@ -91,12 +91,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
     distributed.broadcast_parameters(policy, world)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
-    if checkpoint is not None:
-        for change in resume.changed_keys(c, checkpoint):
-            log(f"resuming with a changed key: {change}")
-        resume.load_weights(policy, checkpoint)
-    elif c.run.sft_steps:
-        cold_start(c, policy, tokenizer, data, log)
+    resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
@@ -147,21 +142,36 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files)
             bar.update(step, metrics_line(metrics, accuracy))
             if signum:
-                tracker.close()
-                raise resume.Stopped(
-                    f"stopped by {signal.Signals(signum).name} after step {step}/{c.run.steps}; "
-                    f"checkpoint {run_dir / 'checkpoints' / f'step-{step}'}. Continue with the same "
-                    "command and resume=auto", signum)
-    gathered = distributed.full_state_dict(policy) if distributed.is_sharded(policy) else None
+                raise resume.Stopped.after(signum, step, c.run.steps, run_dir)
+    write_final(c, policy, tokenizer, run_dir, write_files)
+    tracker.close()
     if write_files:
-        save_model_dir(policy, tokenizer, run_dir / "final", gathered)  # the adapter alone, with LoRA
-        if c.model.lora_r and c.model.lora_merge:
-            save_model_dir(policy.merge_and_unload(), tokenizer, run_dir / "final" / "merged")
-        tracker.close()
         from grpo.report import write_report
         write_report(run_dir)
     distributed.barrier(world)
     return RunResult(run_dir, history, policy, tokenizer)
+
+
+def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, checkpoint: Path | None,
+                         log) -> None:
+    """The checkpoint's weights when resuming (its config compared with this one), else the cold
+    start when `sft_steps` asks for it."""
+    if checkpoint is not None:
+        for change in resume.changed_keys(c, checkpoint):
+            log(f"resuming with a changed key: {change}")
+        resume.load_weights(policy, checkpoint)
+    elif c.run.sft_steps:
+        cold_start(c, policy, tokenizer, data, log)
+
+
+def write_final(c: TrainConfig, policy, tokenizer, run_dir: Path, write_files: bool) -> None:
+    """final/ (the adapter alone, with LoRA) and, with lora_merge, final/merged; every rank takes
+    part in gathering a sharded model, rank 0 writes."""
+    gathered = distributed.full_state_dict(policy) if distributed.is_sharded(policy) else None
+    if write_files:
+        save_model_dir(policy, tokenizer, run_dir / "final", gathered)
+        if c.model.lora_r and c.model.lora_merge:
+            save_model_dir(policy.merge_and_unload(), tokenizer, run_dir / "final" / "merged")
 
 
 @contextmanager
@@ -427,69 +437,3 @@ def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, re
     accuracy = correct / max(scored, 1)
     record({"eval/accuracy": accuracy, "eval/n": scored}, step)
     return accuracy
-
-
-def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, reward_s: float,
-                 update_s: float, reference_s: float = 0.0, step_s: float | None = None) -> dict:
-    """The DESIGN.md metric names, all measured on this step's rollout and updates."""
-    rewards = rollout.rewards
-    scored = rewards[~torch.isnan(rewards)]
-    lengths = rollout.completion_mask.sum(-1).float()
-    metrics = {
-        "reward/mean": scored.mean().item() if scored.numel() else math.nan,
-        "reward/std": scored.std().item() if scored.numel() > 1 else 0.0,
-        "reward/unscorable": int(torch.isnan(rewards).sum()),
-    }
-    for name, values in rollout.rewards_per_fn.items():
-        valid = [v for v in values if v is not None]
-        metrics[f"reward/{name}/mean"] = sum(valid) / len(valid) if valid else math.nan
-    metrics["advantage/zero_std_frac"] = zero_std_fraction(rewards, rollout.group_ids)
-    for key in ("kl", "clip/frac", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy", "loss",
-                "grad_norm"):
-        metrics[key] = sum(u[key] for u in updates) / len(updates)
-    metrics["completion/len_mean"] = lengths.mean().item()
-    metrics["tokens/completion"] = int(lengths.sum())
-    metrics["tokens/prompt"] = int(rollout.prompt_mask.sum())
-    metrics["completion/truncated_frac"] = rollout.truncated.float().mean().item()
-    metrics["time/sample_s"], metrics["time/reward_s"] = sample_s, reward_s
-    metrics["time/reference_s"], metrics["time/update_s"] = reference_s, update_s
-    metrics["time/step_s"] = step_s = step_s or (sample_s + reward_s + reference_s + update_s)
-    metrics["tokens/s"] = lengths.sum().item() / step_s  # completion tokens per second of the step
-    return metrics
-
-
-def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
-    """The fields `step_metrics` reads, with every process's rows (this rollout when alone)."""
-    if world.size == 1:
-        return rollout
-    parts = distributed.gather_objects(
-        {"rewards": rollout.rewards, "advantages": rollout.advantages, "truncated": rollout.truncated,
-         "group_ids": rollout.group_ids, "completion_mask": rollout.completion_mask,
-         "prompt_mask": rollout.prompt_mask, "rewards_per_fn": rollout.rewards_per_fn}, world)
-    offsets = [0]
-    for p in parts[:-1]:
-        offsets.append(offsets[-1] + int(p["group_ids"].max()) + 1)
-    return Rollout(
-        prompts=[], completions=[],
-        group_ids=torch.cat([p["group_ids"] + o for p, o in zip(parts, offsets)]),
-        prompt_ids=torch.empty(0), prompt_mask=distributed.gather_rows(rollout.prompt_mask, world),
-        completion_ids=torch.empty(0),
-        completion_mask=distributed.gather_rows(rollout.completion_mask, world),
-        sampler_logprobs=torch.empty(0), truncated=torch.cat([p["truncated"] for p in parts]),
-        rewards=torch.cat([p["rewards"] for p in parts]),
-        advantages=torch.cat([p["advantages"] for p in parts]),
-        rewards_per_fn={k: [v for p in parts for v in p["rewards_per_fn"][k]]
-                        for k in parts[0]["rewards_per_fn"]})
-
-
-def sample_records(rollout, step: int) -> list[dict]:
-    return [{"step": step, "group": int(g), "prompt": p, "completion": comp,
-             "reward": None if math.isnan(r) else r, "advantage": a}
-            for p, comp, g, r, a in zip(rollout.prompts, rollout.completions, rollout.group_ids.tolist(),
-                                        rollout.rewards.tolist(), rollout.advantages.tolist())]
-
-
-def metrics_line(m: dict, accuracy: float) -> str:
-    """The key metrics of a step, in one short line."""
-    return (f"reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  eval/accuracy {accuracy:.3f}  "
-            f"{m['time/step_s']:.2f}s/step")

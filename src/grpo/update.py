@@ -116,11 +116,9 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
     device = next(policy.parameters()).device
     batches = length_batches(needed, micro_batch_size, micro_batch_tokens)
-    for _ in range((passes(len(batches)) if passes else len(batches)) - len(batches)):
-        part = needed.rows(batches[-1][:1]).trimmed().to(device)   # gathers, reduces, adds 0
-        logp, _ = token_logprobs(policy, part.input_ids, part.attention_mask,
-                                 part.completion_ids.shape[1], temperature=part.temperature)
-        (logp.sum() * 0.0).backward()
+    if passes is not None:
+        _zero_passes(policy, needed.rows(batches[-1][:1]).trimmed().to(device),
+                     passes(len(batches)) - len(batches))
     for rows in batches:
         part = needed.rows(rows).trimmed().to(device)
         T = part.completion_ids.shape[1]
@@ -143,6 +141,15 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
             "clip/frac": (totals["clip_low"] + totals["clip_high"]) / tokens,
             "clip/frac_low": totals["clip_low"] / tokens, "clip/frac_high": totals["clip_high"] / tokens,
             "ratio/mean": totals["ratio"] / tokens, "entropy": totals["entropy"] / tokens}
+
+
+def _zero_passes(policy, part: Rollout, n: int) -> None:
+    """`n` forward/backward passes on `part` that add 0 to every gradient: under FSDP2 they take
+    part in the same gathers and reductions as the other processes' real passes."""
+    for _ in range(n):
+        logp, _ = token_logprobs(policy, part.input_ids, part.attention_mask,
+                                 part.completion_ids.shape[1], temperature=part.temperature)
+        (logp.sum() * 0.0).backward()
 
 
 def optimizer_step(policy, optimizer, max_grad_norm: float, loss: float = 0.0) -> tuple[float, bool]:

@@ -1,0 +1,78 @@
+"""What a GRPO step reports: the DESIGN.md metric names, measured on the step's rollout (every
+process's rows) and updates; the records of samples.jsonl; the progress line."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpo import distributed
+from grpo.advantages import zero_std_fraction
+from grpo.rollout import Rollout
+
+
+def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, reward_s: float,
+                 update_s: float, reference_s: float = 0.0, step_s: float | None = None) -> dict:
+    """The DESIGN.md metric names, all measured on this step's rollout and updates."""
+    rewards = rollout.rewards
+    scored = rewards[~torch.isnan(rewards)]
+    lengths = rollout.completion_mask.sum(-1).float()
+    metrics = {
+        "reward/mean": scored.mean().item() if scored.numel() else math.nan,
+        "reward/std": scored.std().item() if scored.numel() > 1 else 0.0,
+        "reward/unscorable": int(torch.isnan(rewards).sum()),
+    }
+    for name, values in rollout.rewards_per_fn.items():
+        valid = [v for v in values if v is not None]
+        metrics[f"reward/{name}/mean"] = sum(valid) / len(valid) if valid else math.nan
+    metrics["advantage/zero_std_frac"] = zero_std_fraction(rewards, rollout.group_ids)
+    for key in ("kl", "clip/frac", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy", "loss",
+                "grad_norm"):
+        metrics[key] = sum(u[key] for u in updates) / len(updates)
+    metrics["completion/len_mean"] = lengths.mean().item()
+    metrics["tokens/completion"] = int(lengths.sum())
+    metrics["tokens/prompt"] = int(rollout.prompt_mask.sum())
+    metrics["completion/truncated_frac"] = rollout.truncated.float().mean().item()
+    metrics["time/sample_s"], metrics["time/reward_s"] = sample_s, reward_s
+    metrics["time/reference_s"], metrics["time/update_s"] = reference_s, update_s
+    metrics["time/step_s"] = step_s = step_s or (sample_s + reward_s + reference_s + update_s)
+    metrics["tokens/s"] = lengths.sum().item() / step_s  # completion tokens per second of the step
+    return metrics
+
+
+def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
+    """The fields `step_metrics` reads, with every process's rows (this rollout when alone)."""
+    if world.size == 1:
+        return rollout
+    parts = distributed.gather_objects(
+        {"rewards": rollout.rewards, "advantages": rollout.advantages, "truncated": rollout.truncated,
+         "group_ids": rollout.group_ids, "completion_mask": rollout.completion_mask,
+         "prompt_mask": rollout.prompt_mask, "rewards_per_fn": rollout.rewards_per_fn}, world)
+    offsets = [0]
+    for p in parts[:-1]:
+        offsets.append(offsets[-1] + int(p["group_ids"].max()) + 1)
+    return Rollout(
+        prompts=[], completions=[],
+        group_ids=torch.cat([p["group_ids"] + o for p, o in zip(parts, offsets)]),
+        prompt_ids=torch.empty(0), prompt_mask=distributed.gather_rows(rollout.prompt_mask, world),
+        completion_ids=torch.empty(0),
+        completion_mask=distributed.gather_rows(rollout.completion_mask, world),
+        sampler_logprobs=torch.empty(0), truncated=torch.cat([p["truncated"] for p in parts]),
+        rewards=torch.cat([p["rewards"] for p in parts]),
+        advantages=torch.cat([p["advantages"] for p in parts]),
+        rewards_per_fn={k: [v for p in parts for v in p["rewards_per_fn"][k]]
+                        for k in parts[0]["rewards_per_fn"]})
+
+
+def sample_records(rollout, step: int) -> list[dict]:
+    return [{"step": step, "group": int(g), "prompt": p, "completion": comp,
+             "reward": None if math.isnan(r) else r, "advantage": a}
+            for p, comp, g, r, a in zip(rollout.prompts, rollout.completions, rollout.group_ids.tolist(),
+                                        rollout.rewards.tolist(), rollout.advantages.tolist())]
+
+
+def metrics_line(m: dict, accuracy: float) -> str:
+    """The key metrics of a step, in one short line."""
+    return (f"reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  eval/accuracy {accuracy:.3f}  "
+            f"{m['time/step_s']:.2f}s/step")
