@@ -6,8 +6,8 @@ Builds four Qwen2-style models with random weights as Hugging Face directories, 
 `addition` prompts exactly as grpo formats them, then for each workload runs `grpo bench` and
 `benchmarks/trl_driver.py` (TRL, in its own environment) one after the other, alternating which
 goes first, `--repeats` times. Every run: 8 prompts x 8 completions, beta 0.04, mu 1, lr 5e-4,
-temperature 1. TRL does one forward/backward over all 64 completions; grpo micro-batches
-its length-sorted rows under a 2,048-token budget (`micro_batch_tokens=2048`). TRL runs with gradient
+temperature 1. TRL does one forward/backward over all 64 completions; grpo runs with its default
+micro-batching (length-sorted rows, at most 4,096 padded tokens per pass). TRL runs with gradient
 checkpointing off (its fastest setting) and loss_type "grpo".
 
     W1 overhead     hidden 128, 4 layers, character vocabulary, 16 new tokens
@@ -18,7 +18,8 @@ checkpointing off (its fastest setting) and loss_type "grpo".
 
 Step times are medians over every step but each run's first; memory is each process's peak
 resident set (VmHWM, which unlike ru_maxrss does not inherit the launcher's), median over runs. The float32 matrix-multiply peak is measured here, between
-runs, and model FLOP/s use grpo.bench's estimate over the tokens each library reports.
+runs, and model FLOP/s use grpo.bench's estimate over the tokens each library computes: TRL
+computes every completion's prompt, grpo each group's prompt once.
 Without --trl-python, only grpo's side runs. Results go to --out as JSON and Markdown.
 """
 
@@ -107,7 +108,7 @@ def ours(model: Path, max_new: int, steps: int, threads: int, log: Path) -> dict
     return run_json([sys.executable, "-m", "grpo.cli", "bench", f"model={model}", "task=addition",
                      f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={max_new}",
                      f"beta={BETA}", "num_iterations=1", f"lr={LR}", f"steps={steps}",
-                     "micro_batch_size=64", "micro_batch_tokens=2048", f"threads={threads}"], log)
+                     f"threads={threads}"], log)
 
 
 def trl(python: str, model: Path, prompts: Path, max_new: int, steps: int, threads: int,
@@ -174,7 +175,8 @@ def summarize(runs: dict, peak: float, prompts: Path) -> list[dict]:
             sec = statistics.median(times)
             length = statistics.mean(res["completion_len_mean"] for res in results)
             params = sides["grpo"][0]["params"] if sides["grpo"] else None
-            tokens = PROMPTS * GROUP * (prompt_tokens + length)
+            # the prompt tokens each side computes: TRL one per completion, grpo one per group
+            tokens = PROMPTS * (GROUP if side == "trl" else 1) * prompt_tokens + PROMPTS * GROUP * length
             row[side] = {"sec_per_step": round(sec, 4), "steps_timed": len(times),
                          "peak_rss_mb": statistics.median(res["peak_rss_mb"] for res in results),
                          "completion_len_mean": round(length, 2)}

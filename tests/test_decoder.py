@@ -91,3 +91,20 @@ def test_cached_decoding_matches_a_full_forward_even_after_dropping_rows(model):
     logits = dec.step(tokens, state)
     seq, seq_mask = append(seq[keep], seq_mask[keep], tokens)
     torch.testing.assert_close(logits, last_logits(model, seq, seq_mask), rtol=1e-4, atol=1e-5)
+
+
+def test_a_group_shares_its_prompts_prefill_and_decodes_as_if_each_row_had_its_own(model):
+    # start(repeat=G) prefills each prompt once and copies its cache to G rows; decoding from it
+    # must give what prefilling the G copies separately gives.
+    ids, mask, _ = batch()
+    dec = Decoder(model)
+    shared_logits, shared = dec.start(ids, mask, max_new_tokens=2, repeat=2)
+    own_logits, own = dec.start(ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), 2)
+    assert shared_logits.shape == own_logits.shape == (2 * len(ids), model.config.vocab_size)
+    torch.testing.assert_close(shared_logits, own_logits, rtol=1e-5, atol=1e-6)
+    tokens = torch.arange(20, 20 + 2 * len(ids))     # the two rows of a prompt now differ
+    torch.testing.assert_close(dec.step(tokens, shared), dec.step(tokens, own), rtol=1e-5, atol=1e-6)
+    seq, seq_mask = append(ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), tokens)
+    torch.testing.assert_close(dec.step(tokens + 5, shared),
+                               last_logits(model, *append(seq, seq_mask, tokens + 5)),
+                               rtol=1e-4, atol=1e-5)

@@ -125,3 +125,23 @@ def test_draw_follows_the_distribution_and_never_picks_a_zero_probability_token(
     assert freq[1] == 0
     # binomial standard error at n = 20000 is at most 0.0036; allow 4 of them
     torch.testing.assert_close(freq, torch.tensor([0.5, 0.0, 0.2, 0.3]), rtol=0, atol=0.015)
+
+
+def test_generate_with_a_group_size_equals_repeating_each_prompt(tiny, monkeypatch):
+    # Prompts are prefilled once per group (the lean path copies the cache; Hugging Face's path
+    # repeats the rows): the same draws must give the same tokens and log-probs either way.
+    from grpo import sampling
+    policy, tok = tiny
+    enc = tok(["abc", "hello wor"], return_tensors="pt", padding=True, add_special_tokens=False)
+    uniforms = torch.rand(6, 10, generator=torch.Generator().manual_seed(0))
+    repeated = sampling.generate(policy.eval(), enc.input_ids.repeat_interleave(3, 0),
+                                 enc.attention_mask.repeat_interleave(3, 0), 10, tok.eos_token_id,
+                                 tok.pad_token_id, uniforms=uniforms)
+    for lean in (True, False):
+        monkeypatch.setattr(sampling.decoder, "supports", lambda model: lean)
+        tokens, logp = sampling.generate(policy, enc.input_ids, enc.attention_mask, 10,
+                                         tok.eos_token_id, tok.pad_token_id, uniforms=uniforms,
+                                         group_size=3)
+        assert torch.equal(tokens, repeated[0])
+        torch.testing.assert_close(logp, repeated[1], rtol=1e-5, atol=1e-6)
+    assert len(set(map(tuple, repeated[0].tolist()))) > 2, "the draws should differ within a group"

@@ -8,7 +8,9 @@
     peak_rss_mb        peak resident memory of this process
     model_flops_per_s  estimated model FLOPs per second: 2*params per token for each forward
                        (sampling, pi_old when mu > 1, the reference when beta > 0) and 6*params per
-                       token for each of the mu forward+backward passes, over prompt+completion tokens
+                       token for each of the mu forward+backward passes, over the tokens computed:
+                       each completion's, and each prompt's once (a group of G shares its prompt's
+                       pass; `flops_per_step`)
     matmul_peak_flops  this machine's float32 matrix-multiply rate, measured now (`matmul_peak`)
     peak_fraction      model_flops_per_s / matmul_peak_flops
 """
@@ -31,6 +33,9 @@ SPLIT = ("sample", "reward", "reference", "update")
 
 
 def flops_per_step(params: int, tokens: float, num_iterations: int, beta: float) -> float:
+    """Model FLOPs of one GRPO step over `tokens` tokens: 2 * params per token for each forward
+    (sampling, pi_old when mu > 1, the reference when beta > 0), 6 * params for each of the mu
+    forward+backward passes. Attention's own products are left out (small at these lengths)."""
     forwards = 1 + (1 if num_iterations > 1 else 0) + (1 if beta > 0 else 0)
     return 2 * params * tokens * forwards + 6 * params * tokens * num_iterations
 
@@ -59,13 +64,17 @@ def peak_rss_kb() -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
-def summarize(history: list[dict], params: int, num_iterations: int, beta: float) -> dict:
+def summarize(history: list[dict], params: int, num_iterations: int, beta: float,
+              group_size: int = 1) -> dict:
+    """The figures of the module docstring from the step metrics. `tokens/prompt` counts each
+    row's prompt; the passes compute a group's prompt once, so it is divided by `group_size`."""
     steps = [m for m in history if "time/step_s" in m]
     timed = steps[1:] if len(steps) > 1 else steps
     sec = statistics.median(m["time/step_s"] for m in timed)
     tokens_per_s = statistics.median(m["tokens/completion"] / m["time/step_s"] for m in timed)
     flops = statistics.median(
-        flops_per_step(params, m["tokens/prompt"] + m["tokens/completion"], num_iterations, beta)
+        flops_per_step(params, m["tokens/prompt"] / group_size + m["tokens/completion"],
+                       num_iterations, beta)
         / m["time/step_s"] for m in timed)
     peak_kb = peak_rss_kb()
     return {"sec_per_step": round(sec, 4),
@@ -88,7 +97,8 @@ def bench(config: TrainConfig, log=to_stderr) -> dict:
     config = dc_replace(config, run=dc_replace(config.run, sft_steps=0, eval_every=0))
     result = train(config, log=log, write_files=False)
     params = sum(p.numel() for p in result.policy.parameters())
-    out = summarize(result.history, params, config.optim.num_iterations, config.loss.beta)
+    out = summarize(result.history, params, config.optim.num_iterations, config.loss.beta,
+                    config.sampling.group_size)
     out["matmul_peak_flops"] = float(f"{peak:.4g}")
     out["peak_fraction"] = round(out["model_flops_per_s"] / peak, 3)
     out["threads"] = torch.get_num_threads()

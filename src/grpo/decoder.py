@@ -157,8 +157,12 @@ class Decoder:
 
     # -- decoding with a static cache -------------------------------------------------------
     @torch.no_grad()
-    def start(self, input_ids, attention_mask, max_new_tokens: int) -> tuple[torch.Tensor, DecodeState]:
-        n, P = input_ids.shape
+    def start(self, input_ids, attention_mask, max_new_tokens: int,
+              repeat: int = 1) -> tuple[torch.Tensor, DecodeState]:
+        """Prefill B prompts [B, P] once each; the cache holds `repeat` copies of each, B * repeat
+        rows in order (a group of G completions shares its prompt's keys and values)."""
+        b, P = input_ids.shape
+        n = b * repeat
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         x = self._embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
@@ -166,19 +170,23 @@ class Decoder:
         keys = [x.new_empty(size) for _ in self.layers]
         values = [x.new_empty(size) for _ in self.layers]
         key_valid = torch.cat([attention_mask.bool(),
-                               attention_mask.new_ones(n, max_new_tokens, dtype=torch.bool)], 1)
+                               attention_mask.new_ones(b, max_new_tokens, dtype=torch.bool)], 1)
         causal = torch.ones(P, P, dtype=torch.bool, device=x.device).tril()
         mask = ((causal & attention_mask.bool()[:, None, :]) | torch.eye(P, dtype=torch.bool,
                                                                           device=x.device)).unsqueeze(1)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
-            keys[i][:, :, :P], values[i][:, :, :P] = k, v
+            keys[i][:, :, :P] = k.repeat_interleave(repeat, 0) if repeat > 1 else k
+            values[i][:, :, :P] = v.repeat_interleave(repeat, 0) if repeat > 1 else v
             x = x + self._attend(attn, q, k, v, mask)
             x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
-        last = self._norm(x[:, -1:], self.norm)
+        logits = self._logits(self._norm(x[:, -1:], self.norm))
+        if repeat > 1:
+            logits, key_valid, position_ids = (t.repeat_interleave(repeat, 0)
+                                               for t in (logits, key_valid, position_ids))
         state = DecodeState(keys, values, key_valid, position_ids[:, -1] + 1, P)
-        return self._logits(last), state
+        return logits, state
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:

@@ -60,15 +60,13 @@ class HFSampler:
         which other rows share its batch (or its process)."""
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)       # [N, P]
-        prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # [N, P]
         was_training = self.model.training
         self.model.eval()
         try:
             completion_ids, sampler_logprobs = generate(
-                self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
+                self.model, enc.input_ids, enc.attention_mask, self.max_new_tokens, tok.eos_token_id,
                 tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
-                top_p=self.top_p, greedy=greedy, uniforms=uniforms)
+                top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size)
         finally:
             self.model.train(was_training)
         T = completion_ids.shape[1]
@@ -83,7 +81,8 @@ class HFSampler:
             prompts=[p for p in prompts for _ in range(group_size)],
             completions=texts,
             group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+            prompt_ids=enc.input_ids.repeat_interleave(group_size, dim=0),        # [N, P]
+            prompt_mask=enc.attention_mask.repeat_interleave(group_size, dim=0),
             completion_ids=completion_ids, completion_mask=completion_mask,
             sampler_logprobs=sampler_logprobs, truncated=truncated,
             temperature=1.0 if greedy else self.temperature,
@@ -95,9 +94,11 @@ PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the 
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_token_id: int | list[int], pad_token_id: int, *, temperature: float = 1.0,
-             top_p: float = 1.0, greedy: bool = False,
-             uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode up to `max_new_tokens` tokens for each row of left-padded prompts [N, P].
+             top_p: float = 1.0, greedy: bool = False, uniforms: torch.Tensor | None = None,
+             group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode up to `max_new_tokens` tokens for `group_size` rows of each left-padded prompt
+    [B, P]: N = B * group_size rows, a prompt's rows next to each other. Each prompt is prefilled
+    once and its keys and values are copied to its rows.
 
     Returns the tokens [N, T] (pad after a row's EOS; T is the longest row) and the log-prob each
     token was drawn with [N, T], from the logits after temperature and top-p.
@@ -105,13 +106,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     from transformers.generation.logits_process import TopPLogitsWarper
 
     device = next(model.parameters()).device
-    N = prompt_ids.shape[0]
+    N = prompt_ids.shape[0] * group_size
     eos = eos_ids(eos_token_id, device)
     top_p_warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
     tokens = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(N, max_new_tokens)
     rows = torch.arange(N)                        # which original rows are still in the batch
-    cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens)
+    cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens, group_size)
     logits = cache.logits
     ended = torch.zeros(N, dtype=torch.bool, device=device)
     steps = 0
@@ -165,12 +166,15 @@ class _Cache:
     """The KV cache and one-token steps: `decoder.Decoder` for the architectures it supports,
     Hugging Face's forward and DynamicCache for any other model."""
 
-    def __init__(self, model, prompt_ids, prompt_mask, max_new_tokens: int):
+    def __init__(self, model, prompt_ids, prompt_mask, max_new_tokens: int, repeat: int = 1):
         self.model = model
         if decoder.supports(model):
             self.fast = decoder.Decoder(model)
-            self.logits, self.state = self.fast.start(prompt_ids, prompt_mask, max_new_tokens)
+            self.logits, self.state = self.fast.start(prompt_ids, prompt_mask, max_new_tokens, repeat)
             return
+        if repeat > 1:
+            prompt_ids = prompt_ids.repeat_interleave(repeat, 0)
+            prompt_mask = prompt_mask.repeat_interleave(repeat, 0)
         from transformers import DynamicCache
         self.fast = None
         self.attention = prompt_mask
