@@ -7,7 +7,7 @@ Builds four Qwen2-style models with random weights as Hugging Face directories, 
 `benchmarks/trl_driver.py` (TRL, in its own environment) one after the other, alternating which
 goes first, `--repeats` times. Every run: 8 prompts x 8 completions, beta 0.04, mu 1, lr 5e-4,
 temperature 1. TRL does one forward/backward over all 64 completions; grpo runs with its default
-micro-batching (length-sorted rows, at most 4,096 padded tokens per pass). TRL runs with gradient
+micro-batching (length-sorted rows, about 2^20 / hidden_size padded tokens per pass). TRL runs with gradient
 checkpointing off (its fastest setting) and loss_type "grpo".
 
     W1 overhead     hidden 128, 4 layers, character vocabulary, 16 new tokens

@@ -165,10 +165,11 @@ class OptimConfig:
     row stop the run with an error."""
     micro_batch_size: int = 256
     """Most completions per forward/backward pass; gradients accumulate to the same total."""
-    micro_batch_tokens: int = 4096
-    """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = no
-    limit but micro_batch_size. Rows are sorted by length first, so ragged batches pad little.
-    Larger passes waste less time per call on small models; smaller ones need less memory."""
+    micro_batch_tokens: int = 0
+    """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = about
+    2^20 / hidden_size (8,192 at hidden 128, 2,048 at 512). Rows are sorted by length first, so
+    ragged batches pad little. Larger passes waste less time per call; smaller ones need less
+    memory."""
 
 
 @dataclass(frozen=True)
