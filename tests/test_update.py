@@ -164,8 +164,11 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_gradient(tiny
 def test_the_automatic_token_budget_follows_the_hidden_size():
     from types import SimpleNamespace
     from grpo.update import token_budget
-    model = lambda hidden: SimpleNamespace(config=SimpleNamespace(hidden_size=hidden))  # noqa: E731
-    assert token_budget(0, model(128)) == 8192      # 2^20 / 128
+
+    def model(hidden):   # what token_budget reads: the input embedding's width and device
+        embedding = torch.nn.Embedding(3, hidden)
+        return SimpleNamespace(get_input_embeddings=lambda: embedding)
+    assert token_budget(0, model(128)) == 8192      # 2^20 / 128 on a CPU
     assert token_budget(0, model(512)) == 2048
     assert token_budget(0, model(8192)) == 256      # never below 256 tokens
     assert token_budget(3000, model(128)) == 3000   # an explicit budget wins

@@ -67,7 +67,9 @@ def peak_rss_kb() -> float:
 def summarize(history: list[dict], params: int, num_iterations: int, beta: float,
               group_size: int = 1) -> dict:
     """The figures of the module docstring from the step metrics. `tokens/prompt` counts each
-    row's prompt; the passes compute a group's prompt once, so it is divided by `group_size`."""
+    row's prompt; a group's prompt is counted once, divided by `group_size`. That is a lower bound
+    of the work done: a pass computes a prompt once for the rows of its group it holds, and a
+    group split across micro-batches (or a model off the lean path) computes it more often."""
     steps = [m for m in history if "time/step_s" in m]
     timed = steps[1:] if len(steps) > 1 else steps
     sec = statistics.median(m["time/step_s"] for m in timed)
@@ -90,6 +92,7 @@ def summarize(history: list[dict], params: int, num_iterations: int, beta: float
 def bench(config: TrainConfig, log=to_stderr) -> dict:
     """Run `steps` steps with no cold start, evaluation or files; return the measured figures."""
     from grpo.train import train
+    from grpo.update import token_budget
 
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
@@ -104,7 +107,8 @@ def bench(config: TrainConfig, log=to_stderr) -> dict:
     out["threads"] = torch.get_num_threads()
     out["config"] = {k: v for k, v in config.flat().items()
                      if k in ("model", "task", "prompts_per_step", "group_size", "max_new_tokens",
-                              "beta", "num_iterations", "micro_batch_size", "micro_batch_tokens")}
+                              "beta", "num_iterations", "micro_batch_size")}
+    out["config"]["micro_batch_tokens"] = token_budget(config.optim.micro_batch_tokens, result.policy)
     return out
 
 

@@ -167,9 +167,9 @@ class OptimConfig:
     """Most completions per forward/backward pass; gradients accumulate to the same total."""
     micro_batch_tokens: int = 0
     """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = about
-    2^20 / hidden_size (8,192 at hidden 128, 2,048 at 512). Rows are sorted by length first, so
-    ragged batches pad little. Larger passes waste less time per call; smaller ones need less
-    memory."""
+    2^20 / hidden_size on a CPU (8,192 at hidden 128, 2,048 at 512), 2^22 / hidden_size on a GPU.
+    Rows are sorted by length first, so ragged batches pad little. Larger passes waste less time
+    per call; smaller ones need less memory."""
 
 
 @dataclass(frozen=True)

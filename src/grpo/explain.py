@@ -25,7 +25,7 @@ from grpo.data import columns_of
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.rewards import REWARDS
 from grpo.tasks import TASKS
-from grpo.update import accumulate_gradients, logprobs_of, optimizer_step
+from grpo.update import accumulate_gradients, logprobs_of, optimizer_step, token_budget
 
 
 def _first_sentence(doc: str | None) -> str:
@@ -93,16 +93,16 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
     scored = rewards[~torch.isnan(rewards)]
     # 4. update: pi_old is the policy that sampled, fixed for every iteration
-    mb = c.optim.micro_batch_size
+    mb, mb_tokens = c.optim.micro_batch_size, token_budget(c.optim.micro_batch_tokens, policy)
     fixed_logprobs(c, learner, rollout)    # pi_ref; pi_old too when mu > 1
     if rollout.old_logprobs is None:
-        rollout.old_logprobs = logprobs_of(policy, rollout, mb)
+        rollout.old_logprobs = logprobs_of(policy, rollout, mb, mb_tokens)
     mask = rollout.tokens_in_loss
     weights = AGGREGATIONS[c.loss.aggregation](mask, T)
     eps_high = c.loss.epsilon_high or c.loss.epsilon
     iterations = []
     for _ in range(c.optim.num_iterations):
-        now = logprobs_of(policy, rollout, mb)
+        now = logprobs_of(policy, rollout, mb, mb_tokens)
         sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, rollout.advantages.unsqueeze(-1),
                                                mask, eps_low=c.loss.epsilon, eps_high=eps_high,
                                                clip_c=c.loss.clip_c)
@@ -112,13 +112,14 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
         stats = accumulate_gradients(
             policy, rollout, weights=weights, aggregation=c.loss.aggregation, max_tokens=T,
             loss_type=c.loss.loss_type, beta=c.loss.beta, kl_estimator=c.loss.kl_estimator,
-            eps_low=c.loss.epsilon, eps_high=eps_high, clip_c=c.loss.clip_c, micro_batch_size=mb)
+            eps_low=c.loss.epsilon, eps_high=eps_high, clip_c=c.loss.clip_c, micro_batch_size=mb,
+            micro_batch_tokens=mb_tokens)
         grad_norm, stepped = optimizer_step(policy, learner.optimizer, c.optim.max_grad_norm, stats["loss"])
         iterations.append({"loss": stats["loss"], "grad_norm": grad_norm, "stepped": stepped,
                            "clip_frac": stats["clip/frac"], "kl": stats["kl"],
                            "logp": now, "ratio": torch.exp(now - rollout.old_logprobs),
                            "clipped_low": sur.clipped_low, "clipped_high": sur.clipped_high, "kl_tokens": kl})
-    after = logprobs_of(policy, rollout, mb)
+    after = logprobs_of(policy, rollout, mb, mb_tokens)
     return _as_dict(c, rollout, tok, scored, iterations, after, weights)
 
 
