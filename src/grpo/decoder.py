@@ -177,8 +177,9 @@ class Decoder:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
-            keys[i][:, :, :P] = k.repeat_interleave(repeat, 0) if repeat > 1 else k
-            values[i][:, :, :P] = v.repeat_interleave(repeat, 0) if repeat > 1 else v
+            # the cache seen as [B, repeat, ...]: each prompt's k, v broadcast to its rows
+            keys[i].view(b, repeat, *size[1:])[:, :, :, :P] = k[:, None]
+            values[i].view(b, repeat, *size[1:])[:, :, :, :P] = v[:, None]
             x = x + self._attend(attn, q, k, v, mask)
             x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
         logits = self._logits(self._norm(x[:, -1:], self.norm))

@@ -25,7 +25,7 @@ from grpo.data import columns_of
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.rewards import REWARDS
 from grpo.tasks import TASKS
-from grpo.update import accumulate_gradients, logprobs_of, optimizer_step, token_budget
+from grpo.update import accumulate_gradients, logprobs_of, optimizer_step
 
 
 def _first_sentence(doc: str | None) -> str:
@@ -93,7 +93,7 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
     scored = rewards[~torch.isnan(rewards)]
     # 4. update: pi_old is the policy that sampled, fixed for every iteration
-    mb, mb_tokens = c.optim.micro_batch_size, token_budget(c.optim.micro_batch_tokens, policy)
+    mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     fixed_logprobs(c, learner, rollout)    # pi_ref; pi_old too when mu > 1
     if rollout.old_logprobs is None:
         rollout.old_logprobs = logprobs_of(policy, rollout, mb, mb_tokens)

@@ -41,8 +41,7 @@ from grpo.rollout import Rollout, concat
 from grpo.sampling import HFSampler
 from grpo.sft import supervised_finetune
 from grpo.tracking import NullTracker, RunTracker, check_trackers
-from grpo.update import (accumulate_gradients, logprobs_of, make_optimizer, make_scheduler,
-                         optimizer_step, token_budget)
+from grpo.update import accumulate_gradients, logprobs_of, make_optimizer, make_scheduler, optimizer_step
 
 
 @dataclass
@@ -294,7 +293,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
 def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
     """pi_old (when the ratio can differ from 1 or its values are read) and pi_ref (when beta > 0;
     with LoRA, the policy with its adapter off), held fixed for the step's updates."""
-    mb, mb_tokens = c.optim.micro_batch_size, token_budget(c.optim.micro_batch_tokens, learner.policy)
+    mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
         with distributed.full_parameters(learner.policy):
             rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
@@ -324,8 +323,7 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
-            micro_batch_size=c.optim.micro_batch_size,
-            micro_batch_tokens=token_budget(c.optim.micro_batch_tokens, learner.policy),
+            micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens,
             passes=(lambda n: distributed.max_over(n, world)) if sharded else None)
         trained = [p for p in learner.policy.parameters() if p.requires_grad]
         if sharded:  # FSDP2 has already reduce-scattered (averaged) each pass's gradients

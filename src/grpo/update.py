@@ -68,11 +68,12 @@ def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
 
 @torch.no_grad()
 def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:
-    """Per-token log-probs [N, T] of the rollout's completions under `model`, without gradient."""
+    """Per-token log-probs [N, T] of the rollout's completions under `model`, without gradient,
+    in passes of at most `micro_batch_size` rows and `token_budget(max_tokens, model)` tokens."""
     T = rollout.completion_ids.shape[1]
     out = torch.zeros(len(rollout), T)
     device = next(model.parameters()).device
-    for rows in length_batches(rollout, micro_batch_size, max_tokens):
+    for rows in length_batches(rollout, micro_batch_size, token_budget(max_tokens, model)):
         part = rollout.rows(rows).trimmed().to(device)
         logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
                                  part.completion_ids.shape[1], temperature=part.temperature)
@@ -114,7 +115,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     `loss_settings` go to `loss.policy_loss` (loss_type, beta, kl_estimator, eps_low, eps_high,
     clip_c). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
     Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
-    rows and, when `micro_batch_tokens` > 0, at most that many padded tokens each.
+    rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
 
     Skipped, because they cannot change the gradient: rows whose advantage is 0 on every token
     when there is no KL term (beta = 0). The diagnostics then cover the rows that were updated.
@@ -136,7 +137,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         needed = rollout.rows(live)
         weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
     device = next(policy.parameters()).device
-    batches = length_batches(needed, micro_batch_size, micro_batch_tokens)
+    batches = length_batches(needed, micro_batch_size, token_budget(micro_batch_tokens, policy))
     if passes is not None:
         _zero_passes(policy, needed.rows(batches[-1][:1]).trimmed().to(device),
                      passes(len(batches)) - len(batches))
