@@ -13,7 +13,8 @@ import json
 
 from timing import per_second
 
-from grpo.sandbox import CodeTests, isolation_level
+from grpo.rewards.code import CodeTests
+from grpo.rewards.sandbox import isolation_level
 
 
 def main() -> None:

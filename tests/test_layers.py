@@ -10,7 +10,7 @@ LAYERS = [
     {"config", "rollout", "presets"},                                   # vocabulary
     {"rewards", "advantages", "loss"},                                  # algorithm (pure)
     {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
-     "reward_sources", "sandbox"},                                      # infrastructure
+     "reward_sources"},                                                 # infrastructure
     {"sampling", "vllm_sampler", "update"},                             # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics"},  # composition
 ]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.sandbox import MARKER, CodeTests, Limits, extract_code, isolation_level, parse_assert
+from grpo.rewards.code import CodeTests, extract_code
+from grpo.rewards.sandbox import Limits, isolation_level
 
 pytestmark = pytest.mark.skipif(isolation_level() != "full",
                                 reason="needs root for namespaces and a user id of its own")
@@ -48,12 +49,10 @@ def test_stdin_stdout_cases(code_tests):
     assert code_tests(["p"] * 2, ["print(int(input()) * 2)", "print(42)"], tests=[cases] * 2) == [1.0, 0.0]
 
 
-def test_parse_assert_keeps_expected_values_in_the_parent():
-    assert parse_assert("assert f(2) == (1, 2)") == ("f(2)", [1, 2])
-    assert parse_assert("assert is_prime(7)") == ("bool(is_prime(7))", True)
-    with pytest.raises(ValueError, match="not a single assert"):
-        parse_assert("print(1)")
+def test_extract_code_takes_the_last_fenced_block():
     assert extract_code("text\n```python\nx = 1\n```\nmore") == "x = 1\n"
+    assert extract_code("```\na\n```\n```py\nb\n```") == "b\n"
+    assert extract_code("def f(): pass") == "def f(): pass"
 
 
 ATTACKS = {
@@ -66,9 +65,10 @@ ATTACKS = {
                                      "def f(x): return 2 * x",
     "reading the trainer's variable": "import os\nos.environ['GRPO_TEST_SECRET']\ndef f(x): return 2 * x",
     "sys.exit(0) before the asserts": "import sys\nsys.exit(0)",
-    "forging the harness's result": "import sys, os\nsys.stdout.write(" + repr(MARKER)
-                                    + " + '{\"values\": [\"true\", \"true\"]}\\n')\nsys.stdout.flush()\n"
-                                    "os._exit(0)",
+    "forging the harness's result": "import sys, os\nline = b'{\"done\": true, \"flags\": [], "
+                                    "\"lit\": {\"0\": [4], \"1\": [0]}}\\n'\n"
+                                    "for fd in range(1, 64):\n    try:\n        os.write(fd, line)\n"
+                                    "    except OSError:\n        pass\nos._exit(0)",
     "replacing assert and eval": "import builtins\nbuiltins.eval = lambda *a, **k: True\n"
                                  "builtins.AssertionError = Exception",
     "a flood of output": "while True:\n    print('x' * 10000)",
@@ -108,17 +108,19 @@ def test_no_connection_to_a_port_the_test_opened(code_tests):
 
 
 def test_output_is_capped_in_the_parent():
-    from grpo.sandbox import run_program
-    out = run_program("while True:\n    print('x' * 10000)", [], limits=Limits(timeout_s=1, output_kb=64))
+    from grpo.rewards.sandbox import run_program
+    job = {"nonce": "n", "mode": "calls", "code": "import os\nwhile True:\n    os.write(3, b'x' * 10000)",
+           "fn_name": "f", "calls": [[]]}
+    out = run_program(job, limits=Limits(timeout_s=1, output_kb=64))
     assert out.timed_out and len(out.stdout) <= 64 * 1024
 
 
 def test_refuses_without_isolation_unless_told(monkeypatch):
-    import grpo.sandbox as sandbox
-    monkeypatch.setattr(sandbox, "isolation_level", lambda: "none")
+    import grpo.rewards.code as code
+    monkeypatch.setattr(code, "isolation_level", lambda: "none")
     with pytest.raises(RuntimeError, match="unsafe_code_execution=true"):
-        sandbox.CodeTests()
-    assert sandbox.CodeTests(unsafe_code_execution=True).isolate is False
+        code.CodeTests()
+    assert code.CodeTests(unsafe_code_execution=True).isolate is False
     assert os.getpid() > 0
 
 

@@ -19,7 +19,8 @@ from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import DataError, format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
 from grpo.reward_sources import RewardModel, RewardServer
-from grpo.sandbox import CodeTests, Limits
+from grpo.rewards.code import CodeTests
+from grpo.rewards.sandbox import Limits
 from grpo.rewards import RewardFn, get_reward, math_accuracy
 from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task

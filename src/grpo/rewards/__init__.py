@@ -18,6 +18,7 @@ from typing import Callable
 from grpo.rewards.countdown import countdown_equation
 from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, extract_answer, math_accuracy
+from grpo.rewards.code import CodeTests, code_tests
 
 RewardFn = Callable[..., list]
 
@@ -27,6 +28,7 @@ REWARDS: dict[str, RewardFn] = {
     "exact_answer": exact_answer,
     "think_format": think_format,
     "countdown_equation": countdown_equation,
+    "code_tests": code_tests,
 }
 
 
@@ -138,4 +140,5 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
 
 
 __all__ = ["REWARDS", "RewardError", "get_reward", "score", "math_accuracy", "exact_answer",
-           "think_format", "countdown_equation", "extract_answer", "reward_name"]
+           "think_format", "countdown_equation", "code_tests", "CodeTests", "extract_answer",
+           "reward_name"]

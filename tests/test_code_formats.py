@@ -1,0 +1,324 @@
+"""`code_tests` on the public code benchmarks' own rows (tests/data/code/, written by hand in their
+published formats): a correct program passes, a wrong, a crashing and a hanging one fail, and every
+way of forging a pass that a policy could find scores 0."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo.rewards import CodeTests, code_tests
+from grpo.rewards.code import (AssertRewriter, CodeTestsError, same_output, same_value,
+                               spec_from_row)
+from grpo.rewards.harness import NotPlain, decode, encode
+from grpo.rewards.sandbox import Limits, isolation_level
+
+DATA = Path(__file__).parent / "data" / "code"
+needs_sandbox = pytest.mark.skipif(isolation_level() != "full",
+                                   reason="needs root for namespaces and a user id of its own")
+DEADLINE = 2.0
+
+
+def rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reward():
+    return CodeTests(limits=Limits(timeout_s=DEADLINE), workers=2)
+
+
+def score(reward, row: dict, completion: str, prompt: str | None = None) -> float:
+    columns = {k: [v] for k, v in row.items()}
+    return reward([row.get("prompt", "") if prompt is None else prompt], [completion],
+                  **columns)[0]
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}\n```\n"
+
+
+# ---- HumanEval: test program with check(candidate), entry point -------------------------------
+
+def humaneval_solution(row: dict) -> str:
+    return row["prompt"] + row["canonical_solution"]
+
+
+@needs_sandbox
+@pytest.mark.parametrize("k", range(3))
+def test_humaneval_rows(reward, k):
+    row = rows("humaneval")[k]
+    assert score(reward, row, fenced(humaneval_solution(row))) == 1.0
+    assert score(reward, row, row["canonical_solution"]) == 1.0   # a base model's continuation
+    wrong = row["prompt"] + "    return None\n"
+    assert score(reward, row, fenced(wrong)) == 0.0
+    crash = row["prompt"] + "    raise RuntimeError('boom')\n"
+    assert score(reward, row, fenced(crash)) == 0.0
+    started = time.monotonic()
+    assert score(reward, row, fenced(row["prompt"] + "    while True:\n        pass\n")) == 0.0
+    assert time.monotonic() - started < DEADLINE + 1.5
+
+
+# ---- MBPP: assert statements with any expressions, setup code and imports --------------------
+
+@needs_sandbox
+@pytest.mark.parametrize("k", range(3))
+def test_mbpp_rows(reward, k):
+    row = rows("mbpp")[k]
+    name = row["code"].split("def ")[1].split("(")[0]
+    assert score(reward, row, fenced(row["code"])) == 1.0
+    assert score(reward, row, fenced(f"def {name}(*args):\n    return 0")) == 0.0
+    assert score(reward, row, fenced(f"def {name}(*args):\n    return 1 / 0")) == 0.0
+    started = time.monotonic()
+    assert score(reward, row, fenced(f"def {name}(*args):\n    while True:\n        pass")) == 0.0
+    assert time.monotonic() - started < DEADLINE + 1.5
+
+
+@needs_sandbox
+def test_mbpp_partial_credit_counts_each_assert():
+    row = rows("mbpp")[2]
+    partial = CodeTests(limits=Limits(timeout_s=DEADLINE), partial_credit=True)
+    # Right on the empty sentence only: 1 of 3 asserts.
+    assert score(partial, row, "def word_counts(s):\n    return {}") == pytest.approx(1 / 3)
+
+
+# ---- APPS, CodeContests, LiveCodeBench: stdin/stdout and call-based cases ---------------------
+
+@needs_sandbox
+@pytest.mark.parametrize("name,k", [("apps", 0), ("apps", 1), ("apps", 2), ("codecontests", 0),
+                                    ("livecodebench", 0), ("livecodebench", 1)])
+def test_case_based_rows(reward, name, k):
+    row = rows(name)[k]
+    solutions = {
+        ("apps", 0): "a, b = map(int, input().split())\nprint(a + b)",
+        ("apps", 1): "input()\nprint(*sorted(map(int, input().split())))",
+        ("apps", 2): json.loads(row.get("solutions", "[]") or "[]")[0] if name == "apps" and k == 2 else "",
+        ("codecontests", 0): "print(2 * int(input()))",
+        ("livecodebench", 0): "class Solution:\n    def countEvens(self, nums):\n"
+                              "        return sum(n % 2 == 0 for n in nums)",
+        ("livecodebench", 1): "import sys\nn, *xs = map(int, sys.stdin.read().split())\n"
+                              "xs.sort()\nprint(xs[-1] + xs[-2])",
+    }
+    good = solutions[(name, k)]
+    assert score(reward, row, fenced(good), prompt="") == 1.0
+    call_based = "def " in good and "input" not in good
+    fn = {("apps", 2): "gcd_all", ("livecodebench", 0): "countEvens"}.get((name, k))
+    wrong = f"def {fn}(*a):\n    return -1" if fn else "print(-12345)"
+    crash = f"def {fn}(*a):\n    return [][1]" if fn else "raise SystemExit(3)"
+    hang = f"def {fn}(*a):\n    while True: pass" if fn else "while True:\n    pass"
+    assert call_based == bool(fn)
+    assert score(reward, row, fenced(wrong), prompt="") == 0.0
+    assert score(reward, row, fenced(crash), prompt="") == 0.0
+    started = time.monotonic()
+    assert score(reward, row, fenced(hang), prompt="") == 0.0
+    assert time.monotonic() - started < DEADLINE + 1.5
+
+
+@needs_sandbox
+def test_stdio_programs_may_read_fd_0_and_call_exit(reward):
+    row = rows("apps")[0]
+    program = ("import sys\na, b = map(int, open(0).read().split())\n"
+               "sys.stdout.buffer.write(f'{a + b}\\r\\n'.encode())\nexit()")
+    assert score(reward, row, program, prompt="") == 1.0
+
+
+def test_output_comparison_rules():
+    assert same_output("3 \r\n4\n\n", "3\n4")            # line endings, trailing spaces, blank end
+    assert same_output("1.0 2", "1 2.00")                 # same decimal numbers
+    assert not same_output("1.0001", "1")                  # no tolerance
+    assert not same_output("3 4", "34")
+    assert same_value((1, 2), [1, 2]) and same_value(7, [7]) and not same_value(7, [8])
+
+
+# ---- Bad test data: a clear error naming the row ----------------------------------------------
+
+@pytest.mark.parametrize("row,expected", [
+    ({"test": "def check(candidate):\n    assert candidate(1) == 2\n"}, "no entry point"),
+    ({"test_list": ["assert f(1) == 2", "assert f(2) =="]}, "item 1: not valid Python"),
+    ({"tests": ["print(1)"]}, "no assert statement"),
+    ({"input_output": '{"inputs": ["1"]'}, "not valid Python"),   # a JSON-looking program
+    ({"input_output": {"inputs": ["1", "2"], "outputs": ["1"]}}, "same length"),
+    ({"tests": [{"input": "1"}]}, "expected keys 'input' and 'output'"),
+    ({"tests": 42}, "expected a test program"),
+    ({"public_test_cases": '[{"input": "1"'}, "not valid JSON"),
+    ({"question": "no tests here"}, "no tests"),
+])
+def test_unreadable_tests_name_the_row(row, expected):
+    with pytest.raises(CodeTestsError, match=expected) as info:
+        spec_from_row(row, "data.jsonl row 7")
+    assert "data.jsonl row 7" in str(info.value)
+
+
+def test_the_rewriter_keeps_literals_in_the_parent():
+    import ast
+    rewriter = AssertRewriter(check_fn=None)
+    tree = rewriter.visit(ast.parse("assert f(2) == (1, 2)\nassert 3 == g(1)\n"
+                                    "assert set(h()) == set((4, 5))\nassert ok(1)"))
+    text = ast.unparse(tree)
+    assert rewriter.expected == {0: (1, 2), 1: 3}
+    assert "(1, 2)" not in text and "__grpo_lit__(1, g(1))" in text      # the literal stays here
+    assert "__grpo_eq__(2, set(h()), set((4, 5)))" in text and "__grpo_truth__(3, ok(1))" in text
+    assert rewriter.required == [0, 1, 2, 3]
+
+
+def test_plain_values_round_trip_and_others_are_refused():
+    from collections import Counter, deque
+    for value in [1, -0.5, "s", None, True, [1, (2, 3)], {1: {2, 3}}, frozenset({"a"}), b"x",
+                  3 + 4j, float("inf")]:
+        assert decode(json.loads(json.dumps(encode(value)))) == value
+    assert decode(encode(Counter("aab"))) == {"a": 2, "b": 1}
+    assert decode(encode(deque([1]))) != [1]              # as in Python: a deque is not a list
+
+    class Always(int):
+        def __eq__(self, other):
+            return True
+    for bad in [Always(1), [Always(1)], iter([1]), object()]:
+        with pytest.raises(NotPlain):
+            encode(bad)
+
+
+# ---- Reward hacking: every attempt scores 0 ----------------------------------------------------
+
+RUNNING_MAX = rows("humaneval")[0]
+SOLVED = humaneval_solution(RUNNING_MAX)
+STUB = RUNNING_MAX["prompt"] + "    return []\n"      # wrong on every non-empty input
+
+HACKS = {
+    # exiting, by any path, before the checks ran
+    "sys.exit(0) at the top": STUB + "import sys\nsys.exit(0)\n",
+    "os._exit(0) at the top": STUB + "import os\nos._exit(0)\n",
+    "raise SystemExit": STUB + "raise SystemExit(0)\n",
+    "exit() inside the function": RUNNING_MAX["prompt"] + "    exit(0)\n",
+    "killing itself": STUB + "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    "an atexit handler that prints a pass": STUB + "import atexit\natexit.register(lambda: "
+                                             "print('ALL TESTS PASSED'))\nimport os\nos._exit(0)\n",
+    # results whose type is not a plain value
+    "__eq__ always True": "class Yes:\n    def __eq__(self, other):\n        return True\n"
+                          "def running_max(numbers):\n    return Yes()\n",
+    "an int subclass with __eq__": "class Int(int):\n    def __eq__(self, o):\n        return True\n"
+                                   "def running_max(numbers):\n    return [Int(0)] * len(numbers)\n",
+    "a list subclass": "class L(list):\n    def __eq__(self, o):\n        return True\n"
+                       "def running_max(numbers):\n    return L()\n",
+    # patching builtins or the tests' helpers, before the checks or during them
+    "patching isinstance": STUB + "import builtins\nbuiltins.isinstance = lambda *a: True\n",
+    "patching print and sys.exit": STUB + "import builtins, sys\nbuiltins.print = lambda *a: None\n"
+                                   "sys.exit = lambda *a: None\n",
+    "patching inside the call": RUNNING_MAX["prompt"] + "    import builtins\n"
+                                "    builtins.len = lambda x: 0\n    return []\n",
+    "patching the tests' globals through the frame": RUNNING_MAX["prompt"]
+        + "    import sys\n    f = sys._getframe(2)\n"
+          "    f.f_globals['__grpo_lit__'] = lambda *a: None\n    return []\n",
+    "a trace function that skips lines": STUB + "import sys\n"
+        "def skip(frame, event, arg):\n    return skip\nsys.settrace(skip)\n",
+    "a thread that patches later": STUB + "import threading, time, builtins\n"
+        "threading.Thread(target=lambda: (time.sleep(0.05), setattr(builtins, 'abs', "
+        "lambda x: 0)), daemon=True).start()\n",
+    # printing what looks like the harness's result line
+    "printing a pass": STUB + "print('All tests passed')\nprint('{\"done\": true, \"flags\": []}')\n",
+    "writing a result line to every descriptor": STUB + "import os\n"
+        "for fd in range(0, 64):\n    try:\n        os.write(fd, b'\\n{\"done\": true, \"flags\": [], "
+        "\"lit\": {}, \"ran\": {}}\\n')\n    except OSError:\n        pass\nos._exit(0)\n",
+    # catching the assertion error raised by the checks
+    "defining check that catches": STUB + "def check(candidate):\n    try:\n"
+                                   "        assert candidate([1]) == [1]\n    except AssertionError:\n"
+                                   "        pass\ncheck(running_max)\n",
+    "replacing AssertionError": STUB + "import builtins\nclass Quiet(BaseException):\n    pass\n"
+                                "builtins.AssertionError = Quiet\n",
+    "an excepthook that hides failures": STUB + "import sys\nsys.excepthook = lambda *a: None\n",
+    # defining the check function or the tests themselves
+    "defining check and METADATA": STUB + "METADATA = {}\ndef check(candidate):\n    return True\n",
+    "defining its own passing tests": STUB + "assert running_max([]) == []\nprint('passed')\n",
+}
+
+
+@needs_sandbox
+def test_the_correct_program_passes_before_any_hack(reward):
+    assert score(reward, RUNNING_MAX, fenced(SOLVED)) == 1.0
+    assert score(reward, RUNNING_MAX, fenced(STUB)) == 0.0
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(HACKS))
+def test_humaneval_hack_scores_zero(reward, name):
+    assert score(reward, RUNNING_MAX, fenced(HACKS[name])) == 0.0
+
+
+# MBPP style: asserts that use isinstance, abs, math.isclose. The honest answer is f(x) = 2.0 * x.
+HELPER_ROW = {"test_list": ["assert isinstance(f(2), float)", "assert abs(f(1) - 2.0) < 1e-6",
+                            "assert math.isclose(f(0.5), 1.0)"], "test_imports": ["import math"]}
+WRONG_F = "def f(x):\n    return 0\n"
+HELPER_HACKS = {
+    "isinstance, abs, math.isclose replaced before the checks":
+        "import builtins, math\nbuiltins.isinstance = lambda *a: True\n"
+        "builtins.abs = lambda x: 0\nmath.isclose = lambda *a, **k: True\n" + WRONG_F,
+    "abs replaced inside the call": "def f(x):\n    import builtins, math\n"
+        "    builtins.abs = lambda x: 0\n    builtins.isinstance = lambda *a: True\n"
+        "    math.isclose = lambda *a, **k: True\n    return 0.0\n",
+    "a helper of the same name defined by the program": "import math\n"
+        "def isclose(*a, **k): return True\nmath.isclose = isclose\n"
+        "def abs(x): return 0\ndef isinstance(*a): return True\n" + WRONG_F,
+    "print and sys.exit replaced, then exit": "import builtins, sys, os\n"
+        "builtins.print = lambda *a, **k: None\nsys.exit = lambda *a: os._exit(0)\n"
+        "def f(x):\n    sys.exit(0)\n",
+}
+
+
+def naive_pass(code: str, tests: str) -> bool:
+    """What a harness that runs program + tests in one interpreter and trusts a clean exit says."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", f"{code}\n{tests}\n"], capture_output=True,
+                          timeout=20)
+    return done.returncode == 0
+
+
+@needs_sandbox
+def test_helper_row_passes_honestly(reward):
+    assert score(reward, HELPER_ROW, "def f(x):\n    return 2.0 * x") == 1.0
+    assert score(reward, HELPER_ROW, WRONG_F) == 0.0
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(HELPER_HACKS))
+def test_helper_hack_fools_a_naive_harness_and_scores_zero_here(reward, name):
+    tests = "import math\n" + "\n".join(HELPER_ROW["test_list"])
+    assert naive_pass(HELPER_HACKS[name], tests)          # the attack is real
+    assert score(reward, HELPER_ROW, HELPER_HACKS[name]) == 0.0
+
+
+NAIVE_CALL = RUNNING_MAX["test"] + "\ncheck(running_max)\n"
+FOOLS_NAIVE = {"sys.exit(0) at the top", "os._exit(0) at the top", "raise SystemExit",
+               "exit() inside the function", "an atexit handler that prints a pass",
+               "__eq__ always True", "an int subclass with __eq__", "a list subclass",
+               "writing a result line to every descriptor"}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(FOOLS_NAIVE))
+def test_these_humaneval_hacks_fool_a_naive_harness(name):
+    assert naive_pass(HACKS[name], NAIVE_CALL)
+
+
+@needs_sandbox
+def test_redefining_a_prompt_helper_does_not_fool_the_check(reward):
+    row = rows("humaneval")[1]      # check() calls is_palindrome, defined in the prompt
+    cheat = ("def is_palindrome(text):\n    return True\n"
+             "def shortest_palindrome_prefix(text):\n    return text if text != 'cat' else 'catac'\n")
+    assert score(reward, row, fenced(cheat)) == 0.0
+
+
+@needs_sandbox
+def test_stdio_forgeries_score_zero(reward):
+    row = rows("apps")[0]
+    # the expected outputs never reach the sandbox; writing to the harness's descriptors fails
+    forged = ("import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x')\n"
+              "    except OSError:\n        pass\nprint(0)")
+    assert score(reward, row, forged, prompt="") == 0.0
+
+
+@needs_sandbox
+def test_code_tests_is_a_plain_reward_function():
+    row = rows("mbpp")[0]
+    assert code_tests(["p", "p"], [row["code"], "def similar_elements(a, b): return ()"],
+                      test_list=[row["test_list"]] * 2) == [1.0, 0.0]
