@@ -63,6 +63,58 @@ def test_pool_kills_a_call_that_never_returns_and_keeps_going():
         pool.close()
 
 
+def sleeps(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_worker_killed_mid_call_is_replaced_and_its_input_unscorable():
+    import threading
+    pool = DeadlinePool(sleeps, workers=2, deadline_s=30)
+    try:
+        def kill_the_slow_one():
+            time.sleep(0.5)
+            slow = next(w for w in pool._workers if w.job == 0)
+            slow.process.kill()                       # from outside, mid-call
+        killer = threading.Thread(target=kill_the_slow_one)
+        killer.start()
+        start = time.monotonic()
+        assert pool.map([(20.0,), (0.01,), (0.02,)]) == [None, 0.01, 0.02]
+        killer.join()
+        assert time.monotonic() - start < 10           # not the 20 s call, not the 30 s deadline
+        assert (pool.deaths, pool.timeouts) == (1, 0)
+        assert pool.map([(0.03,)]) == [0.03]           # the replacement serves
+    finally:
+        pool.close()
+
+
+SCRIPT = """
+from grpo.rewards import math_accuracy
+print("scored", math_accuracy(["q", "q"], ["so \\boxed{2}", "3"], answer=["2", "2"]))
+"""
+
+
+@pytest.mark.parametrize("how", ["a script without a main guard", "a program on standard input"])
+def test_workers_do_not_depend_on_the_callers_main_module(tmp_path, how):
+    import subprocess
+    import sys
+    script = tmp_path / "train_me.py"
+    script.write_text(SCRIPT)
+    if how == "a script without a main guard":
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+    else:
+        done = subprocess.run([sys.executable, "-"], input=SCRIPT, capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["scored [1.0, 0.0]"]    # once: no worker re-ran it
+
+
+def test_a_function_a_worker_cannot_import_is_refused_at_once():
+    with pytest.raises(ValueError, match="top level of an importable module"):
+        DeadlinePool(lambda x: x)
+
+
 def test_a_verification_past_its_deadline_is_unscorable(monkeypatch):
     # The real verifier with a deadline no call can meet: the sample is None, never 0 or 1.
     monkeypatch.setattr(answers, "_POOL", None)
