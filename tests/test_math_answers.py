@@ -143,3 +143,43 @@ def test_a_gold_that_cannot_be_parsed_stops_the_load_naming_the_row(tmp_path):
     c = build_config({"dataset": str(f), "rewards": ["math_accuracy"], "sft_steps": 0})
     with pytest.raises(DataError, match=r"d.jsonl row 2: answer 'no answer here' holds no value"):
         load_data(c)
+
+
+# Competition answers (MATH style): fractions, roots, intervals, sets, units, text, matrices.
+CASES = [
+ ("\\boxed{\\dfrac{3}{4}}", "\\frac34", 1.0), ("\\boxed{0.75}", "\\frac{3}{4}", 1.0),
+ ("\\boxed{2\\sqrt{3}}", "\\sqrt{12}", 1.0), ("\\boxed{\\sqrt{3}}", "\\sqrt{12}", 0.0),
+ ("\\boxed{(1, 3]}", "(1,3]", 1.0), ("\\boxed{(1, 3)}", "(1,3]", 0.0),
+ ("\\boxed{[2, \\infty)}", "[2,\\infty)", 1.0),
+ ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}", 1.0), ("\\boxed{\\{1, 3\\}}", "\\{1,2\\}", 0.0),
+ ("\\boxed{10\\text{ cm}}", "10", 1.0), ("\\boxed{10}", "10\\text{ cm}", 1.0),
+ ("\\boxed{12 \\text{ cm}}", "10\\text{ cm}", 0.0),
+ ("\\boxed{\\text{Monday}}", "\\text{Monday}", 1.0), ("The answer is monday.", "\\text{Monday}", 1.0),
+ ("\\boxed{\\text{Tuesday}}", "\\text{Monday}", 0.0),
+ ("\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", 1.0),
+ ("\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 5 \\end{pmatrix}}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", 0.0),
+ ("\\boxed{30^\\circ}", "30", 1.0), ("\\boxed{50\\%}", "50", 1.0), ("\\boxed{x = 3}", "3", 1.0),
+ ("\\boxed{(1, 2)}", "(1,2)", 1.0), ("\\boxed{(2, 1)}", "(1,2)", 0.0),
+ ("\\boxed{\\frac{\\pi}{2}}", "\\frac{\\pi}{2}", 1.0), ("\\boxed{1.5708}", "\\frac{\\pi}{2}", 0.0),
+ ("\\boxed{-\\frac{1}{2}}", "-0.5", 1.0), ("\\boxed{\\frac{-1}{2}}", "-\\frac12", 1.0),
+ ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0), ("\\boxed{1000}", "1,000", 1.0),
+ ("\\boxed{\\text{(B)}}", "\\text{(B)}", 1.0), ("\\boxed{B}", "\\text{(B)}", 1.0),
+ ("\\boxed{C}", "\\text{(B)}", 0.0),
+]
+SOLUTION = ("Adding gives $1+2=3$. A first guess of $\\boxed{6}$ doubles it by mistake; "
+            "the total is $\\boxed{3}$.")
+
+
+@pytest.mark.parametrize("completion, gold, expected", CASES)
+def test_competition_answers(completion, gold, expected):
+    assert one(completion, gold) == expected
+
+
+def test_the_gold_is_the_last_boxed_answer_of_a_worked_solution():
+    assert math_accuracy(["q"] * 2, ["\\boxed{3}", "\\boxed{6}"], answer=[SOLUTION] * 2) == [1.0, 0.0]
+
+
+def test_text_answers_are_compared_as_normalized_text():
+    assert answers.is_text_answer("\\text{Monday}") and not answers.is_text_answer("10\\text{ cm}")
+    assert answers.normalize_text("$\\text{(B)}$.") == "b"
+    assert answers.extract_gold("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}").startswith("\\begin")

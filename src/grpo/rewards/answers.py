@@ -14,6 +14,10 @@ _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _PROSE = re.compile(r"[a-zA-Z]{2,}")
 _CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|^\s*A:", re.IGNORECASE | re.MULTILINE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[a-zA-Z*]+\}")
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)"
+                           r"\s*\{([^{}]*)\}")
+_WORD = re.compile(r"[a-z]{2,}")
 
 
 def boxed_answers(text: str) -> list[str]:
@@ -62,9 +66,28 @@ def extract_gold(text: str) -> str | None:
     marked = _marked_answer(text)
     if marked is not None:
         return marked
-    if _PROSE.search(_LATEX_COMMAND.sub("", text)):
+    bare = _LATEX_COMMAND.sub("", _TEXT_WRAPPER.sub("", _ENVIRONMENT.sub("", text)))
+    if _PROSE.search(bare) and not is_text_answer(text):
         return extract_answer(text)
     return text.strip() or None
+
+
+def normalize_text(answer: str) -> str:
+    """A text answer as compared: `\\text{}`-like wrappers, `$`, spacing commands and a final
+    period removed, a lone choice letter taken out of its parentheses, lower case, single spaces."""
+    s = _TEXT_WRAPPER.sub(r"\1", answer)
+    for token in ("$", "\\!", "\\,", "\\;", "\\ ", "~"):
+        s = s.replace(token, " ")
+    s = s.strip().rstrip(".").strip()
+    s = re.sub(r"^\(([A-Za-z])\)$", r"\1", s)
+    return " ".join(s.lower().split())
+
+
+def is_text_answer(answer: str) -> bool:
+    """Words, not mathematics: once normalized, a word of two or more letters, no digit and no
+    LaTeX command left (`\\text{Monday}`, `yes`, `Dirichlet's theorem`)."""
+    s = normalize_text(answer)
+    return bool(_WORD.search(s)) and not re.search(r"[\d\\^_{}=+*/<>]", s)
 
 
 def _parse(text: str) -> list:
@@ -86,12 +109,20 @@ _POOL = None
 
 
 def parsed_gold(gold_text) -> list:
-    """The parsed gold for an `answer` value ([] when it holds nothing to compare with), cached."""
+    """The parsed gold for an `answer` value ([] when it holds nothing to compare with), cached.
+    A text answer is kept as [TextAnswer(normalized)], compared as text, not by math-verify."""
     key = str(gold_text)
     if key not in _GOLD_CACHE:
         gold = extract_gold(key) if gold_text is not None else None
-        _GOLD_CACHE[key] = _parse(gold) if gold else []
+        if gold and is_text_answer(gold):
+            _GOLD_CACHE[key] = [TextAnswer(normalize_text(gold))]
+        else:
+            _GOLD_CACHE[key] = _parse(gold) if gold else []
     return _GOLD_CACHE[key]
+
+
+class TextAnswer(str):
+    """A gold answer made of words (a day, a name, yes/no): equal when the normalized texts are."""
 
 
 def verifier_pool():
@@ -125,6 +156,9 @@ def math_accuracy(prompts: list[str], completions: list[str], answer: list, **co
         predicted = extract_answer(completion)
         if predicted is None or len(set(boxed_answers(completion))) > 1:
             out[i] = 0.0
+            continue
+        if isinstance(gold[0], TextAnswer):
+            out[i] = float(normalize_text(predicted) == gold[0])
             continue
         jobs.append((gold, predicted))
         where.append(i)
