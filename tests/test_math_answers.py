@@ -138,10 +138,10 @@ def test_a_gold_that_cannot_be_parsed_stops_the_load_naming_the_row(tmp_path):
     from grpo.data import DataError
 
     f = tmp_path / "d.jsonl"
-    rows = [{"question": "1+1?", "answer": "#### 2"}, {"question": "?", "answer": "no answer here"}]
+    rows = [{"question": "1+1?", "answer": "#### 2"}, {"question": "?", "answer": "this row has no answer at all"}]
     f.write_text("\n".join(json.dumps(r) for r in rows))
     c = build_config({"dataset": str(f), "rewards": ["math_accuracy"], "sft_steps": 0})
-    with pytest.raises(DataError, match=r"d.jsonl row 2: answer 'no answer here' holds no value"):
+    with pytest.raises(DataError, match=r"d.jsonl row 2: answer 'this row has no answer at all' holds no value"):
         load_data(c)
 
 

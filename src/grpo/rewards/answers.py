@@ -84,10 +84,12 @@ def normalize_text(answer: str) -> str:
 
 
 def is_text_answer(answer: str) -> bool:
-    """Words, not mathematics: once normalized, a word of two or more letters, no digit and no
-    LaTeX command left (`\\text{Monday}`, `yes`, `Dirichlet's theorem`)."""
+    """Words, not mathematics: once normalized, one to four words with a word of two or more
+    letters, no digit and no LaTeX command left (`\\text{Monday}`, `yes`, `Dirichlet's theorem`).
+    Longer prose is a worked solution, whose answer is looked for inside it."""
     s = normalize_text(answer)
-    return bool(_WORD.search(s)) and not re.search(r"[\d\\^_{}=+*/<>]", s)
+    return (bool(_WORD.search(s)) and len(s.split()) <= 4
+            and not re.search(r"[\d\\^_{}=+*/<>]", s))
 
 
 def _parse(text: str) -> list:
