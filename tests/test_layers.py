@@ -8,11 +8,12 @@ import grpo
 ROOT = Path(grpo.__file__).parent
 LAYERS = [
     {"config", "rollout", "presets"},                                   # vocabulary
-    {"rewards", "advantages", "loss"},                                  # algorithm (pure)
+    {"rewards", "advantages", "loss", "passk"},                         # algorithm (pure)
     {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
      "reward_sources"},                                                 # infrastructure
     {"sampling", "vllm_sampler", "update"},                             # steps
-    {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics"},  # composition
+    {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics",
+     "evaluate"},                                                        # composition
 ]
 PURE = LAYERS[1]
 

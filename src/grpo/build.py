@@ -16,12 +16,12 @@ import torch
 from grpo.advantages import ADVANTAGES
 from grpo.config import ConfigError, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.data import DataError, format_prompt, load_rows
+from grpo.data import Columns, DataError, format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
 from grpo.reward_sources import RewardModel, RewardServer
-from grpo.rewards.code import CodeTests
+from grpo.rewards.code import CodeTests, CodeTestsError, spec_from_row
 from grpo.rewards.sandbox import Limits
-from grpo.rewards import RewardFn, get_reward, math_accuracy
+from grpo.rewards import RewardFn, get_reward, math_accuracy, reward_name
 from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task
 
@@ -70,6 +70,15 @@ def check_golds(path: str, rows: list[dict], column: str = "answer") -> None:
         if not parsed_gold(row["answer"]):
             raise DataError(f"{path} row {row['_row'] + 1}: answer {str(row['answer'])[:80]!r} holds no "
                             "value math_accuracy can compare with; fix the row or drop it")
+
+
+def check_code_tests(path: str, rows: list[dict]) -> None:
+    """Read every row's tests once, at load; one that cannot be read is an error naming its row."""
+    for row in rows:
+        try:
+            spec_from_row(row, f"{path} row {row['_row'] + 1}")
+        except CodeTestsError as e:
+            raise DataError(str(e)) from None
 
 
 def check_choices(config: TrainConfig) -> None:
@@ -130,8 +139,10 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     checked at load for GRPO; cold-start-only use (`grpo sft`) needs none."""
     d = config.data
     if d.dataset:
-        train_rows = load_rows(d.dataset, d.prompt_column, d.answer_column)
-        eval_rows = load_rows(d.eval_dataset, d.prompt_column, d.answer_column) if d.eval_dataset else []
+        columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column)
+        train_rows = load_rows(d.dataset, columns, d.dataset_config, d.dataset_split)
+        eval_rows = (load_rows(d.eval_dataset, columns, d.dataset_config, d.eval_split)
+                     if d.eval_dataset else [])
         random.Random(config.run.seed).shuffle(train_rows)
         default_rewards, accuracy_fn = ["math_accuracy"], math_accuracy
         demonstrations = [(r["prompt"], str(r["completion"])) for r in train_rows if "completion" in r]
@@ -145,6 +156,11 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         reward_fns = [resolve_reward(n, config) for n in names]
     if d.dataset and check_golds_now and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows, d.answer_column)
+    if d.dataset and any(reward_name(fn) == "code_tests" for fn in reward_fns):
+        for path, rows in ((d.dataset, train_rows), (d.eval_dataset, eval_rows)):
+            check_code_tests(path, rows)
+    if d.dataset and reward_name(reward_fns[0]) == "code_tests":
+        accuracy_fn = reward_fns[0]
     weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
     if len(weights) != len(reward_fns):
         raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
@@ -153,8 +169,16 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
 
 
 def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
-    return [format_prompt(tokenizer, r["prompt"], config.model.chat_template,
-                          config.data.system_prompt) for r in rows]
+    """Each row's prompt as the model sees it (chat template applied where it belongs)."""
+    texts = []
+    for i, r in enumerate(rows):
+        try:
+            texts.append(format_prompt(tokenizer, r["prompt"], config.model.chat_template,
+                                       config.data.system_prompt))
+        except DataError as e:
+            where = config.data.dataset or f"task {config.data.task}"
+            raise DataError(f"{where} row {r.get('_row', i) + 1}: {e}") from None
+    return texts
 
 
 def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,

@@ -4,7 +4,8 @@
     grpo train ... --print-config               print the resolved config (presets applied), run nothing
     torchrun --nproc-per-node N -m grpo train ...   the same run on N processes (distributed.py)
     grpo sft   [CONFIG.yaml] [key=value ...]    cold-start supervised tuning only
-    grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model, greedy
+    grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model: greedy, or n samples
+                                                for pass@1, pass@k, maj@k (eval_samples, eval_k)
     grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
     grpo explain [CONFIG.yaml] [key=value ...] [--prompt TEXT | --row N] [--json]
                                                 the four steps on one prompt, every number shown
@@ -70,21 +71,27 @@ def cmd_sft(args: list[str]) -> None:
 
 
 def cmd_eval(args: list[str]) -> None:
+    from pathlib import Path
+
     from grpo import build
+    from grpo.evaluate import evaluate
+    from grpo.progress import Progress, to_stderr
     from grpo.sampling import HFSampler
-    from grpo.train import evaluate
     config = _config(args)
     data = build.load_data(config)
     if not data.eval_rows:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
     policy, tokenizer = build.load_model_and_tokenizer(config, None)
+    build.fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None),
+                      data, log=lambda line: print(line, file=sys.stderr))
     sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
-    from grpo.progress import Progress, to_stderr
+    rows_file = Path(config.eval.eval_output or Path(config.run.output_dir) / "eval.jsonl")
     results: list[dict] = []
     with Progress("eval", len(data.eval_rows), to_stderr) as bar:
         evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0,
-                 on_batch=lambda done, accuracy: bar.update(done, f"accuracy {accuracy:.3f}"))
-    print(json.dumps(results[0]))
+                 on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
+                 rows_file=rows_file)
+    print(json.dumps({**results[0], "rows_file": str(rows_file)}))
 
 
 def cmd_bench(args: list[str]) -> None:

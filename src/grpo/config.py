@@ -54,12 +54,29 @@ class DataConfig:
     """Built-in task (largest, addition, countdown) used when `dataset` is empty; brings its own reward."""
     dataset: str = ""
     """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
+    dataset_config: str = ""
+    """Configuration of a hub dataset or dataset directory (GSM8K's `main`); empty for none."""
+    dataset_split: str = "train"
+    """Split of `dataset` when it is a hub dataset or a dataset directory."""
     eval_dataset: str = ""
-    """Held-out file for `eval/accuracy`; empty uses the task's held-out split or none for a file."""
+    """Held-out file or dataset for evaluation; empty uses the task's held-out split or none for a
+    file. A hub dataset or directory takes `dataset_config` and `eval_split`."""
+    eval_split: str = "test"
+    """Split of `eval_dataset` when it is a hub dataset or a dataset directory."""
     prompt_column: str = "question"
-    """Dataset column that holds the prompt (GSM8K's `question` by default; `prompt` also found)."""
+    """Dataset column that holds the prompt: text, or a list of {role, content} chat messages (put
+    through the chat template). When absent: prompt, problem, question, text, question_content or
+    description, the first found."""
     answer_column: str = "answer"
-    """Dataset column with the reference answer; passed to reward functions as `answer`."""
+    """Dataset column with the reference answer, passed to reward functions as `answer` (a bare
+    value, GSM8K's `#### n`, or a worked solution whose last \\boxed{} is the gold); when absent,
+    MATH's `solution` is used."""
+    tests_column: str = "tests"
+    """Dataset column with a row's tests for code_tests, passed as `tests`. Without it, HumanEval's
+    `test`, MBPP's `test_list`, APPS's `input_output` and CodeContests/LiveCodeBench test columns
+    are read as they are (docs/guides/code-rewards.md)."""
+    entry_point_column: str = "entry_point"
+    """Dataset column with the function a HumanEval-style `check(candidate)` test is called with."""
     system_prompt: str = ""
     """System message placed before each prompt when a chat template is used."""
     long_prompts: str = "error"
@@ -67,6 +84,21 @@ class DataConfig:
     naming the row; `skip` leaves such rows out and counts them. Prompts are never truncated."""
     eval_size: int = 200
     """Number of held-out prompts scored at each evaluation."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    eval_samples: int = 1
+    """n: completions per held-out prompt. 1 decodes greedily; more sample at eval_temperature and
+    report pass@1 as the mean over the samples, with its spread."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the held-out completions when eval_samples > 1."""
+    eval_k: list[int] = field(default_factory=list)
+    """k values for pass@k (the unbiased estimator of Chen et al. 2021) and maj@k (majority vote
+    over the first k samples' extracted answers); each at most eval_samples."""
+    eval_output: str = ""
+    """`grpo eval`: the per-row results as JSONL; empty writes OUTPUT_DIR/eval.jsonl. During
+    training each evaluation writes OUTPUT_DIR/eval/step-N.jsonl."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +248,8 @@ class RunConfig:
     gradients; `fsdp` shards parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
 
 
-SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig)
+SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig,
+            EvalConfig)
 
 # name -> keys it sets. Explicit keys from the file or command line override a preset.
 @dataclass(frozen=True)
@@ -228,6 +261,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def flat(self) -> dict:
         """Every key and its value, as written in a YAML file."""
@@ -364,7 +398,7 @@ def validate(config: TrainConfig) -> None:
                           "advantages compare completions of the same prompt, so one has nothing "
                           "to compare with")
     positive = ["prompts_per_step", "log_every", "max_new_tokens", "num_iterations",
-                "micro_batch_size", "sft_batch_size"]
+                "micro_batch_size", "sft_batch_size", "eval_samples"]
     for key in positive:
         if c[key] < 1:
             raise ConfigError(f"config key '{key}' must be at least 1, got {c[key]}")
@@ -378,6 +412,12 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     if c["code_workers"] < 1 or c["code_timeout_s"] <= 0:
         raise ConfigError("config keys 'code_workers' and 'code_timeout_s' must be above 0")
+    if c["eval_temperature"] <= 0:
+        raise ConfigError("config key 'eval_temperature' must be above 0")
+    bad_k = [k for k in c["eval_k"] if not 1 <= k <= c["eval_samples"]]
+    if bad_k:
+        raise ConfigError(f"config key 'eval_k': {bad_k} out of range; each k must be from 1 to "
+                          f"eval_samples ({c['eval_samples']}): raise eval_samples=N")
     if c["temperature"] <= 0:
         raise ConfigError("config key 'temperature' must be above 0 (evaluation is already greedy)")
     if not 0 < c["top_p"] <= 1:

@@ -1,13 +1,17 @@
 """Datasets and prompt formatting.
 
-Rows are dicts with `prompt` (text before templating), `answer`, and any other columns, which reach
-reward functions as keyword arguments. Files load through Hugging Face `datasets` (JSONL, Parquet,
-CSV, or a hub name); GSM8K rows (`question`, `answer` ending in `#### n`) work as they are.
+Rows are dicts with `prompt` (text, or a list of chat messages, before templating), `answer`, and
+any other columns, which reach reward functions as keyword arguments. Files load through Hugging
+Face `datasets` (JSONL, Parquet, CSV, a dataset directory or a hub name with its configuration and
+split); the public benchmarks' files work as they are published: GSM8K (`question`, `answer` ending
+in `#### n`), MATH (`problem`, a worked `solution` whose last `\\boxed{}` is the gold), HumanEval,
+MBPP, APPS, CodeContests and LiveCodeBench rows (their test columns are read by `code_tests`).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -17,8 +21,25 @@ class DataError(ValueError):
     """A dataset that cannot be used; the message names the file and the column."""
 
 
-def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "train") -> list[dict]:
-    """Rows of a local file or hub dataset, with `prompt` and `answer` renamed from the given columns."""
+# Where the prompt and the answer are found when the configured column is absent, in this order:
+# GSM8K/APPS `question`, HumanEval/TRL `prompt`, MATH `problem`, MBPP `text`, LiveCodeBench
+# `question_content`, CodeContests `description`; MATH's worked `solution` holds the gold.
+PROMPT_COLUMNS = ("prompt", "problem", "question", "text", "question_content", "description")
+ANSWER_COLUMNS = ("answer", "solution")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which dataset column is which; each is renamed to the name on the left for the rewards."""
+    prompt: str = "question"
+    answer: str = "answer"
+    tests: str = "tests"
+    entry_point: str = "entry_point"
+
+
+def load_table(path: str, config_name: str = "", split: str = "train"):
+    """A local JSONL/JSON/Parquet/CSV file, or a dataset directory or hub name with an optional
+    configuration (`dataset_config`) and split."""
     import datasets
 
     suffix = Path(path).suffix.lower()
@@ -29,28 +50,79 @@ def load_rows(path: str, prompt_column: str, answer_column: str, split: str = "t
             raise DataError(f"{path}: the file is empty")
         if suffix == ".jsonl":
             check_jsonl(path)
-        table = datasets.load_dataset(_FORMATS[suffix], data_files=path, split="train")
-    else:
-        table = datasets.load_dataset(path, split=split)
-    columns = table.column_names
-    source_prompt = prompt_column if prompt_column in columns else (
-        "prompt" if "prompt" in columns else None)
+        return datasets.load_dataset(_FORMATS[suffix], data_files=path, split="train")
+    try:
+        return datasets.load_dataset(path, name=config_name or None, split=split)
+    except ValueError as e:
+        message = str(e).splitlines()[0]
+        if "config" in message.lower():
+            raise DataError(f"{path}: configuration {config_name or '(none)'!r}: {message}; set "
+                            "dataset_config=NAME") from None
+        if "split" in message.lower():
+            raise DataError(f"{path}: split {split!r}: {message}; set dataset_split=NAME "
+                            "(or eval_split=NAME)") from None
+        raise DataError(f"{path}: {message}") from None
+    except FileNotFoundError as e:
+        raise DataError(f"dataset not found: {path} ({str(e).splitlines()[0]})") from None
+
+
+def load_rows(path: str, columns: Columns = Columns(), config_name: str = "",
+              split: str = "train") -> list[dict]:
+    """Rows with `prompt` and `answer` (and `tests`, `entry_point` when mapped) renamed from the
+    given columns. A prompt that is a list of {"role", "content"} messages stays a list, for the
+    chat template; any other prompt becomes text."""
+    table = load_table(path, config_name, split)
+    names = table.column_names
+    source_prompt = _pick(columns.prompt, PROMPT_COLUMNS, names)
     if source_prompt is None:
-        raise DataError(f"{path}: no prompt column '{prompt_column}' (columns: {columns}); "
+        raise DataError(f"{path}: no prompt column '{columns.prompt}' (columns: {names}); "
                         "set prompt_column=NAME")
-    if answer_column not in columns and answer_column != "answer":
-        raise DataError(f"{path}: no answer column '{answer_column}' (columns: {columns}); "
+    source_answer = _pick(columns.answer, ANSWER_COLUMNS, names) if columns.answer == "answer" \
+        else columns.answer
+    if source_answer not in names and columns.answer != "answer":
+        raise DataError(f"{path}: no answer column '{columns.answer}' (columns: {names}); "
                         "set answer_column=NAME")
+    renames = {}
+    for key, default in (("tests", "tests"), ("entry_point", "entry_point")):
+        wanted = getattr(columns, key)
+        if wanted != default:
+            if wanted not in names:
+                raise DataError(f"{path}: no column '{wanted}' for {key}_column (columns: {names})")
+            renames[wanted] = key
     rows = []
     for number, record in enumerate(table):
-        row = {k: v for k, v in record.items() if k not in (source_prompt, answer_column)}
+        row = {k: v for k, v in record.items() if k not in (source_prompt, source_answer)}
+        for old, new in renames.items():
+            row[new] = record[old]
         row["_row"] = number  # the file's row, for errors that name it
-        row["prompt"] = str(record[source_prompt])
-        row["answer"] = record.get(answer_column)
+        row["prompt"] = prompt_value(record[source_prompt],
+                                     f"{path} row {number + 1}, column '{source_prompt}'")
+        row["answer"] = record.get(source_answer) if source_answer else None
         rows.append(row)
     if not rows:
         raise DataError(f"{path}: the dataset has no rows")
     return rows
+
+
+def _pick(wanted: str, fallbacks: tuple[str, ...], names: list[str]) -> str | None:
+    if wanted in names:
+        return wanted
+    return next((n for n in fallbacks if n in names), None)
+
+
+def prompt_value(value, where: str):
+    """A prompt as text, or as a list of chat messages (each a dict with `role` and `content`)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        for k, message in enumerate(value):
+            if "role" not in message or "content" not in message:
+                raise DataError(f"{where}: message {k} of the prompt has no 'role' and 'content' "
+                                f"(keys: {sorted(message)})")
+        return [{"role": str(m["role"]), "content": m["content"]} for m in value]
+    if value is None:
+        raise DataError(f"{where}: no prompt; set prompt_column=NAME")
+    return str(value)
 
 
 def check_jsonl(path: str) -> None:
@@ -68,9 +140,23 @@ def check_jsonl(path: str) -> None:
                 raise DataError(f"{path} line {number}: expected a JSON object, got {type(value).__name__}")
 
 
-def format_prompt(tokenizer, prompt: str, chat_template: str, system_prompt: str = "") -> str:
-    """The text the model sees: the chat template when there is one and it is wanted, else the prompt."""
-    if chat_template in ("auto", "required") and getattr(tokenizer, "chat_template", None):
+def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = "") -> str:
+    """The text the model sees: the chat template when there is one and it is wanted, else the
+    prompt. A conversational prompt (a list of messages, system and earlier turns included) always
+    goes through the chat template; `system_prompt` is put first unless it has a system message."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if isinstance(prompt, list):
+        if not has_template or chat_template == "none":
+            raise DataError("the prompt is a list of chat messages, but "
+                            + ("chat_template=none" if has_template else "the tokenizer has no "
+                               "chat template") + "; use a model with a chat template, or a "
+                            "dataset whose prompt column is text. Messages are never turned into "
+                            "their Python text")
+        messages = list(prompt)
+        if system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if chat_template in ("auto", "required") and has_template:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
         messages.append({"role": "user", "content": prompt})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -31,6 +31,7 @@ from grpo.advantages import ADVANTAGES, groups_with_contrast
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
+from grpo.evaluate import evaluate
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
 from grpo.metrics import everyones_rows, metrics_line, sample_records, step_metrics
 from grpo.models import frozen_copy, update_reference
@@ -118,7 +119,9 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     def evaluate_now(step: int) -> float:
         with distributed.full_parameters(policy):   # every rank gathers; rank 0 evaluates
             if world.is_main:
-                return evaluate(c, learner.sampler, tokenizer, data, record, step=step)
+                rows_file = run_dir / "eval" / f"step-{step}.jsonl" if write_files else None
+                return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
+                                rows_file=rows_file)
         return math.nan
 
     if evaluating and first == 1:
@@ -419,21 +422,3 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None
                             batch_size=c.run.sft_batch_size, seed=c.run.seed,
                             on_step=lambda step, loss, seconds: bar.update(
                                 step, f"loss {loss:.3f}  {seconds:.2f}s/step"))
-
-
-def evaluate(c: TrainConfig, sampler: HFSampler, tokenizer, data: build.Data, record, step: int,
-             on_batch: Callable[[int, float], None] | None = None) -> float:
-    """Greedy decoding on the held-out prompts; `eval/accuracy` is the mean of the accuracy reward.
-    `on_batch(prompts done, accuracy so far)` after each batch of 64."""
-    correct, scored = 0.0, 0
-    for start in range(0, len(data.eval_rows), 64):
-        rows = data.eval_rows[start:start + 64]
-        rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), 1, greedy=True)
-        values = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, 1))
-        correct += sum(v for v in values if v is not None)
-        scored += sum(v is not None for v in values)
-        if on_batch is not None:
-            on_batch(start + len(rows), correct / max(scored, 1))
-    accuracy = correct / max(scored, 1)
-    record({"eval/accuracy": accuracy, "eval/n": scored}, step)
-    return accuracy
