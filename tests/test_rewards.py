@@ -48,7 +48,7 @@ def test_math_accuracy_wrong(completion, gold):
 def test_math_accuracy_unscorable_gold_is_none_row_by_row():
     # Gold None, a gold with no answer in it, and an empty gold cannot be scored -> None;
     # the row with a real gold next to them is still scored.
-    out = math_accuracy(["p"] * 4, ["\\boxed{3}"] * 4, answer=[None, "no answer here", "", "3"])
+    out = math_accuracy(["p"] * 4, ["\\boxed{3}"] * 4, answer=[None, "there is no answer here at all", "", "3"])
     assert out == [None, None, None, 1.0]
 
 
@@ -186,7 +186,8 @@ def test_get_reward_unknown_name_lists_built_ins():
 
 def test_get_reward_known_names():
     assert get_reward("math_accuracy") is math_accuracy
-    assert set(REWARDS) == {"math_accuracy", "exact_answer", "think_format", "countdown_equation"}
+    assert set(REWARDS) == {"math_accuracy", "exact_answer", "think_format", "countdown_equation",
+                            "code_tests"}
 
 
 def test_two_functions_with_the_same_name_are_both_counted():
@@ -261,7 +262,8 @@ def test_mask_from_lengths_zero_length():
     ("\\frac{1}{2}", "\\frac{1}{2}"),        # a bare value: taken whole
     ("x=3", "x=3"),
     ("The total is 42 apples", "42"),      # prose: its last number
-    ("no answer here", None),              # prose without a number: nothing to compare with
+    ("there is no answer here at all", None),   # prose without a number: nothing to compare with
+    ("\\text{Monday}", "\\text{Monday}"),    # a text answer is its own gold
 ])
 def test_extract_gold(gold, expected):
     from grpo.rewards.answers import extract_gold

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from grpo.data import DataError, PromptStream, columns_of, format_prompt, load_rows
+from grpo.data import Columns, DataError, PromptStream, columns_of, format_prompt, load_rows
 from grpo.models import build_tiny_tokenizer
 from grpo.rewards import countdown_equation, exact_answer
 from grpo.tasks import TASKS, get_task
@@ -37,7 +37,7 @@ def test_gsm8k_jsonl_loads_as_is(tmp_path):
     f = tmp_path / "gsm8k.jsonl"
     rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"}]
     f.write_text("\n".join(json.dumps(r) for r in rows))
-    out = load_rows(str(f), "question", "answer")
+    out = load_rows(str(f), Columns("question", "answer"))
     assert out == [{"prompt": rows[0]["question"], "answer": "3+4=7\n#### 7", "_row": 0}]
 
 
@@ -47,7 +47,7 @@ def test_csv_and_parquet_with_custom_columns(tmp_path):
     table.to_csv(tmp_path / "d.csv", index=False)
     table.to_parquet(tmp_path / "d.parquet")
     for name in ("d.csv", "d.parquet"):
-        out = load_rows(str(tmp_path / name), "q", "gold")
+        out = load_rows(str(tmp_path / name), Columns("q", "gold"))
         assert [r["prompt"] for r in out] == ["1+1=", "2+2="]
         assert [str(r["answer"]) for r in out] == ["2", "4"]
         assert [r["level"] for r in out] == [1, 2]
@@ -55,9 +55,9 @@ def test_csv_and_parquet_with_custom_columns(tmp_path):
 
 def test_missing_prompt_column_is_named(tmp_path):
     f = tmp_path / "d.jsonl"
-    f.write_text(json.dumps({"text": "hi", "answer": "1"}))
+    f.write_text(json.dumps({"query": "hi", "answer": "1"}))
     with pytest.raises(DataError, match="no prompt column 'question'.*prompt_column=NAME"):
-        load_rows(str(f), "question", "answer")
+        load_rows(str(f), Columns("question", "answer"))
 
 
 def test_missing_file_is_named(tmp_path):
