@@ -285,6 +285,11 @@ def run_stdio(job, send):
     """The `stdio` mode: each case in a forked child; this process never runs the program."""
     import signal
     import time
+    try:  # the cases' processes, of the same user id, cannot open our descriptors or memory
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)       # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError, ImportError):
+        pass
     code = compile(job["code"], "<completion>", "exec") if _compiles(job["code"]) else None
     results = []
     for index, given in enumerate(job["inputs"]):
@@ -369,11 +374,6 @@ def main():
     os.dup2(quiet, 1)
     os.dup2(quiet, 2)
     sys.stdin = io.StringIO("")
-    try:  # other processes of this user id (the program's children) cannot read our memory or fds
-        import ctypes
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)       # PR_SET_DUMPABLE, 0
-    except (OSError, AttributeError, ImportError):
-        pass
     _add_exit_names()
     write, dumps, exit_now = os.write, json.dumps, os._exit
 

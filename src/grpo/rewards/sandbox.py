@@ -100,7 +100,7 @@ while time.monotonic() < deadline:
         status = code
         break
     time.sleep(pause)
-    pause = min(pause * 2, 0.01)
+    pause = min(pause * 2, 0.002)
 if s["uid"] is not None:    # kill every process of the program's user id, as that user id
     killer = os.fork()
     if killer == 0:
