@@ -255,6 +255,10 @@ HELPER_HACKS = {
     "abs replaced inside the call": "def f(x):\n    import builtins, math\n"
         "    builtins.abs = lambda x: 0\n    builtins.isinstance = lambda *a: True\n"
         "    math.isclose = lambda *a, **k: True\n    return 0.0\n",
+    "a fake module in sys.modules": "import sys, types\nfake = types.ModuleType('math')\n"
+        "fake.isclose = lambda *a, **k: True\nsys.modules['math'] = fake\n"
+        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+        + WRONG_F,
     "a helper of the same name defined by the program": "import math\n"
         "def isclose(*a, **k): return True\nmath.isclose = isclose\n"
         "def abs(x): return 0\ndef isinstance(*a): return True\n" + WRONG_F,
@@ -322,3 +326,13 @@ def test_code_tests_is_a_plain_reward_function():
     row = rows("mbpp")[0]
     assert code_tests(["p", "p"], [row["code"], "def similar_elements(a, b): return ()"],
                       test_list=[row["test_list"]] * 2) == [1.0, 0.0]
+
+
+@needs_sandbox
+def test_a_fake_module_in_sys_modules_scores_zero(reward):
+    row = {"test_list": ["assert math.isclose(f(0.5), 1.0)"], "test_imports": ["import math"]}
+    fake = ("import sys, types\nfake = types.ModuleType('math')\nfake.isclose = lambda *a, **k: True\n"
+            "sys.modules['math'] = fake\ndef f(x):\n    return 0\n")
+    assert naive_pass(fake, "import math\nassert math.isclose(f(0.5), 1.0)")
+    assert score(reward, row, fake) == 0.0
+    assert score(reward, row, "def f(x):\n    return 2 * x\n") == 1.0

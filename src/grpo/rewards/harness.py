@@ -126,6 +126,9 @@ class Guard:
         if self.flags:
             return
         for module, snapshot in self.snapshots:
+            if sys.modules.get(module.__name__) is not module:
+                self.flags.append(f"sys.modules[{module.__name__!r}] was replaced {when}")
+                return
             now = vars(module)
             for key, value in snapshot.items():
                 if now.get(key, self) is not value:
