@@ -336,3 +336,17 @@ def test_a_fake_module_in_sys_modules_scores_zero(reward):
     assert naive_pass(fake, "import math\nassert math.isclose(f(0.5), 1.0)")
     assert score(reward, row, fake) == 0.0
     assert score(reward, row, "def f(x):\n    return 2 * x\n") == 1.0
+
+
+@needs_sandbox
+def test_the_tests_may_rebind_a_name_the_program_defined(reward):
+    # The setup code imports gcd over the program's own gcd, and the program uses threads,
+    # sys.setrecursionlimit and a cache: nothing here is tampering, so the right program passes.
+    row = {"test_setup_code": "from math import gcd", "test_list": ["assert lcm(4, 6) == 12",
+                                                                    "assert gcd(4, 6) == 2"]}
+    program = ("import sys, threading, functools\nsys.setrecursionlimit(10000)\n"
+               "def gcd(a, b):\n    return a if b == 0 else gcd(b, a % b)\n"
+               "@functools.lru_cache(maxsize=None)\ndef lcm(a, b):\n"
+               "    t = threading.Thread(target=lambda: None)\n    t.start()\n    t.join()\n"
+               "    return a * b // gcd(a, b)\n")
+    assert score(reward, row, program) == 1.0

@@ -94,11 +94,19 @@ def decode(data):
 
 
 def _threads():
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        import threading
-        return threading.active_count()
+    """Threads of this process; a joined thread may take a moment to leave /proc, so wait up to
+    0.1 s for the count to fall to 1 (a thread that lingers on is still there after it)."""
+    import time
+    for _ in range(50):
+        try:
+            count = len(os.listdir("/proc/self/task"))
+        except OSError:
+            import threading
+            count = threading.active_count()
+        if count == 1:
+            return 1
+        time.sleep(0.002)
+    return count
 
 
 class Guard:
@@ -116,13 +124,16 @@ class Guard:
         self.namespaces = []
 
     def watch(self, namespace):
-        """Also hold `namespace` (and its private builtins) as it is now."""
-        self.namespaces = [(namespace, dict(namespace))]
+        """Also guard `namespace` (the tests') and its private builtins during the program's calls:
+        the tests may rebind their own names, the program may not."""
+        self.namespaces = [namespace]
         if isinstance(namespace.get("__builtins__"), dict):
-            own = namespace["__builtins__"]
-            self.namespaces.append((own, dict(own)))
+            self.namespaces.append(namespace["__builtins__"])
 
-    def check(self, when):
+    def before_call(self):
+        return [dict(n) for n in self.namespaces]
+
+    def check(self, when, before=()):
         if self.flags:
             return
         for module, snapshot in self.snapshots:
@@ -134,11 +145,11 @@ class Guard:
                 if now.get(key, self) is not value:
                     self.flags.append(f"{module.__name__}.{key} was replaced {when}")
                     return
-        for namespace, snapshot in self.namespaces:
-            for key, value in snapshot.items():
-                if namespace.get(key, self) is not value:
-                    self.flags.append(f"the tests' {key!r} was replaced {when}")
-                    return
+        for namespace, snapshot in zip(self.namespaces, before):
+            if namespace.keys() != snapshot.keys() or any(
+                    namespace[k] is not v for k, v in snapshot.items()):
+                self.flags.append(f"the tests' names were changed {when}")
+                return
         if sys.gettrace() is not None or sys.getprofile() is not None:
             self.flags.append(f"a trace or profile function was set {when}")
         elif getattr(sys, "monitoring", None) is not None and any(
@@ -152,8 +163,9 @@ def _wrap(fn, guard, name):
     """The program's callable as the tests see it: every result must be a plain value, and the
     guard looks for tampering after every call."""
     def candidate(*args, **kwargs):
+        before = guard.before_call()
         result = fn(*args, **kwargs)
-        guard.check(f"during a call of {name}")
+        guard.check(f"during a call of {name}", before)
         try:
             encode(result)
         except NotPlain as e:
