@@ -350,3 +350,127 @@ def test_the_tests_may_rebind_a_name_the_program_defined(reward):
                "    t = threading.Thread(target=lambda: None)\n    t.start()\n    t.join()\n"
                "    return a * b // gcd(a, b)\n")
     assert score(reward, row, program) == 1.0
+
+
+# ---- A second round: attacks and correct programs found by reviewing the harness ---------------
+
+FAKE_DEQUE = ("class deque:\n    __module__ = 'collections'\n    def __iter__(self): return iter(())\n"
+              "    def __sub__(self, o): return 0.0\n    def __rsub__(self, o): return 0.0\n"
+              "    def __bool__(self): return True\n    def __lt__(self, o): return True\n"
+              "    def __gt__(self, o): return True\ndef f(x):\n    return deque()\n")
+FRAME_SEND = ("import sys\ndef running_max(numbers):\n    return []\nf = sys._getframe()\n"
+              "while f is not None and 'send' not in f.f_locals:\n    f = f.f_back\n"
+              "f.f_locals['send']({'done': True, 'flags': [], 'lit': {}, "
+              "'ran': {str(i): [1, 0] for i in range(1000)}})\n")
+CODE_SWAP = ("import sys\ndef _mk():\n    guard = records = None\n    def lit(index, value):\n"
+             "        guard, records\n        records['ran'][str(index)] = [1, 0]\n    return lit\n"
+             "def running_max(numbers):\n    lit = sys._getframe(2).f_globals['__grpo_lit__']\n"
+             "    new = _mk().__code__\n    lit.__code__ = new.replace(co_freevars=lit.__code__.co_freevars)\n"
+             "    return []\n")
+CYCLIC_PROMPT = ("def shift(s: str) -> str:\n    \"\"\"Each letter one place on.\"\"\"\n"
+                 "    return ''.join(chr((ord(c) - 97 + 1) % 26 + 97) for c in s)\n\n\n"
+                 "def unshift(s: str) -> str:\n    \"\"\"Undo shift.\"\"\"\n")
+CYCLIC = {"entry_point": "unshift", "test": (
+    "def check(candidate):\n    from random import randint, choice\n    import string\n"
+    "    for _ in range(50):\n        word = ''.join(choice(string.ascii_lowercase) for i in range(randint(5, 9)))\n"
+    "        assert candidate(shift(word)) == word\n")}
+
+SECOND_ROUND_HACKS = {
+    # the program's own `abs`, `isinstance` or `set` standing in for the builtins in the tests
+    "builtins shadowed by the program's functions": (
+        {"test_list": ["assert isinstance(f(2), float)", "assert abs(f(1) - 2.0) < 1e-6",
+                       "assert set(f(3)) == set((1, 2))"]},
+        "def abs(x):\n    return 0\ndef isinstance(*a):\n    return True\n"
+        "def set(*a):\n    return 0\ndef f(x):\n    return 0\n", ""),
+    "a module object the program built under a module's name": (
+        {"test_list": ["assert math.isclose(f(0.5), 1.0)"]},
+        "import types\nmath = types.ModuleType('math')\nmath.isclose = lambda *a, **k: True\n"
+        "def f(x):\n    return 0\n", ""),
+    "a class that calls itself collections.deque": (
+        {"test_list": ["assert abs(f(1) - 2.0) < 1e-6", "assert f(3) > 5", "assert f(0)"]},
+        FAKE_DEQUE, ""),
+    "a class that says it is fractions'": (
+        {"test_list": ["assert abs(Sol().m() - 2) < 1e-6", "assert Sol().m()"]},
+        "class Sol:\n    __module__ = 'fractions'\n    def m(self):\n        class X:\n"
+        "            def __abs__(self): return self\n            def __sub__(self, o): return self\n"
+        "            def __lt__(self, o): return True\n            def __bool__(self): return True\n"
+        "        return X()\n", ""),
+    "random's instance patched so the inputs are empty": (
+        CYCLIC, "import random\nrandom._inst.randrange = lambda *a, **k: 0\n"
+                "def unshift(s):\n    return s\n", CYCLIC_PROMPT),
+    "random's class patched": (
+        CYCLIC, "import random\nrandom.Random.randrange = lambda *a, **k: 0\n"
+                "def unshift(s):\n    return s\n", CYCLIC_PROMPT),
+    "the harness's send() found through the frames": (RUNNING_MAX, FRAME_SEND, RUNNING_MAX["prompt"]),
+    "the harness's recorder's code swapped": (RUNNING_MAX, CODE_SWAP, RUNNING_MAX["prompt"]),
+    "an OrderedDict in the wrong order": (
+        {"test_list": ["from collections import OrderedDict",
+                       "assert f() == OrderedDict([('b', 2), ('a', 1)])"]},
+        "from collections import OrderedDict\ndef f():\n    return OrderedDict([('a', 1), ('b', 2)])\n",
+        ""),
+}
+
+SECOND_ROUND_CORRECT = {
+    "asserts only inside a loop": ({"tests": "for a, b in [(1, 2), (2, 4)]:\n    assert f(a) == b\n"},
+                                   "def f(x):\n    return 2 * x\n"),
+    "asserts only inside a function": ({"tests": "def test():\n    assert f(1) == 2\ntest()\n"},
+                                       "def f(x):\n    return 2 * x\n"),
+    "asserts under a main guard": ({"tests": "if __name__ == '__main__':\n    assert f(1) == 2\n"},
+                                   "def f(x):\n    return 2 * x\n"),
+    "a class of the program's (MBPP's Pair)": (
+        {"test_list": ["assert max_chain_length([Pair(5, 24), Pair(15, 25), Pair(27, 40), "
+                       "Pair(50, 60)], 4) == 3"]},
+        "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+        "def max_chain_length(arr, n):\n    best = [1] * n\n    for i in range(1, n):\n"
+        "        for j in range(i):\n            if arr[i].a > arr[j].b:\n"
+        "                best[i] = max(best[i], best[j] + 1)\n    return max(best)\n"),
+    "a LeetCode Solution class": ({"tests": ["assert Solution().add(1, 2) == 3"]},
+                                  "class Solution:\n    def add(self, a, b):\n        return a + b\n"),
+    "a Fraction result": ({"test_list": ["assert half(1) == 0.5"]},
+                          "from fractions import Fraction\ndef half(x):\n    return Fraction(x, 2)\n"),
+    "a namedtuple result": ({"test_list": ["assert p() == (1, 2)"]},
+                            "from collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+                            "def p():\n    return P(1, 2)\n"),
+    "a generator read by list()": ({"test_list": ["assert list(g(3)) == [0, 1, 2]"]},
+                                   "def g(n):\n    yield from range(n)\n"),
+    "a truth assert on a re.Match": ({"test_list": ["import re", "assert re.match('a', f())"]},
+                                     "def f():\n    return 'abc'\n"),
+    "stdout written at exit by a fast-IO template": (
+        {"input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})},
+        "import atexit, io, sys\nbuf = io.StringIO()\nsys.stdout = buf\n@atexit.register\n"
+        "def _w():\n    sys.__stdout__.write(buf.getvalue())\na, b = map(int, input().split())\n"
+        "print(a + b)\n"),
+    "stdout through sys.__stdout__": (
+        {"input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})},
+        "import sys\na, b = map(int, input().split())\nsys.__stdout__.write(str(a + b) + '\\n')\n"),
+}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(SECOND_ROUND_HACKS))
+def test_second_round_hack_scores_zero(reward, name):
+    row, program, prompt = SECOND_ROUND_HACKS[name]
+    assert score(reward, row, program, prompt=prompt) == 0.0
+
+
+@needs_sandbox
+def test_the_random_row_passes_honestly(reward):
+    right = CYCLIC_PROMPT + "    return ''.join(chr((ord(c) - 97 - 1) % 26 + 97) for c in s)\n"
+    assert score(reward, CYCLIC, fenced(right), prompt=CYCLIC_PROMPT) == 1.0
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(SECOND_ROUND_CORRECT))
+def test_a_correct_program_of_this_shape_passes(reward, name):
+    row, program = SECOND_ROUND_CORRECT[name]
+    assert score(reward, row, program, prompt="") == 1.0
+
+
+def test_a_result_line_of_the_wrong_shape_scores_zero_not_an_error():
+    from grpo.rewards.code import judge_tests, result_payload
+    spec = spec_from_row({"test_list": ["assert f(1) == 2", "assert g(1)"]})
+    assert judge_tests(spec, {"done": True, "ran": {"1": 5}, "lit": {"0": [2]}}) == (0, 2)
+    assert judge_tests(spec, {"done": True, "ran": "x"}) == (0, 2)
+    assert judge_tests(spec, {"done": True, "ran": {"0": [1, 0], "1": [1, 0]}}) == (0, 2)  # a literal
+    assert judge_tests(spec, {"done": True, "ran": {"1": [1, 0]}, "lit": {"0": [2]}}) == (2, 2)
+    assert result_payload("N" + "[" * 200_000 + "]" * 200_000 + "\n", "N") is None

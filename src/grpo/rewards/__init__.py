@@ -17,7 +17,7 @@ from typing import Callable
 
 from grpo.rewards.countdown import countdown_equation
 from grpo.rewards.format import think_format
-from grpo.rewards.answers import exact_answer, extract_answer, math_accuracy
+from grpo.rewards.answers import exact_answer, extract_answer, final_answer, math_accuracy
 from grpo.rewards.code import CodeTests, code_tests
 
 RewardFn = Callable[..., list]
@@ -29,6 +29,7 @@ REWARDS: dict[str, RewardFn] = {
     "think_format": think_format,
     "countdown_equation": countdown_equation,
     "code_tests": code_tests,
+    "final_answer": final_answer,
 }
 
 
@@ -140,5 +141,5 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
 
 
 __all__ = ["REWARDS", "RewardError", "get_reward", "score", "math_accuracy", "exact_answer",
-           "think_format", "countdown_equation", "code_tests", "CodeTests", "extract_answer",
+           "think_format", "countdown_equation", "code_tests", "CodeTests", "final_answer", "extract_answer",
            "reward_name"]

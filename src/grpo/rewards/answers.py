@@ -178,3 +178,21 @@ def exact_answer(prompts: list[str], completions: list[str], answer: list, **col
         given = tags[-1] if tags else completion
         out.append(1.0 if given.strip() == str(gold).strip() else 0.0)
     return out
+
+
+_RESULT_END = re.compile(r"</result>|</tool_response>")
+
+
+def final_answer(prompts: list[str], completions: list[str], answer: list, **columns) -> list:
+    """1.0 when what the model wrote after the last tool result (`</result>` or
+    `</tool_response>`; the whole completion when there is none), stripped, is exactly `answer`.
+    For agent episodes, whose completion is the whole transcript: a tool's answer is not the
+    model's, so only the text after it counts."""
+    out = []
+    for completion, gold in zip(completions, answer):
+        last = None
+        for last in _RESULT_END.finditer(completion):
+            pass
+        given = completion[last.end():] if last is not None else completion
+        out.append(1.0 if given.strip() == str(gold).strip() else 0.0)
+    return out

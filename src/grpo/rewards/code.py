@@ -355,44 +355,58 @@ def result_payload(stdout: str, nonce: str) -> dict | None:
         return None
     try:
         payload = json.loads(lines[0][len(nonce):])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return payload if isinstance(payload, dict) else None
 
 
 def judge_tests(spec: TestSpec, payload: dict | None) -> tuple[int, int]:
-    """(asserts passed, asserts counted) for a `tests` run; (0, n) on any sign of tampering."""
-    total = 1 if spec.check else max(1, len(spec.required))
-    if not payload or payload.get("flags"):
+    """(asserts passed, asserts counted) for a `tests` run; (0, n) on any sign of tampering or a
+    payload of the wrong shape. A HumanEval `check`, or a test program whose asserts all sit in
+    loops, branches or functions, counts as one test."""
+    one_test = spec.check is not None or not spec.required
+    total = 1 if one_test else len(spec.required)
+    try:
+        every, done = _outcomes(spec, payload)
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError):
         return 0, total
-    lit, ran = payload.get("lit", {}), payload.get("ran", {})
-
-    def ok(index: int) -> bool | None:
-        """True/False once index ran; None if it never did."""
-        key = str(index)
-        if key in lit:
-            try:
-                values = [decode(v) for v in lit[key]]
-            except (ValueError, TypeError, KeyError):
-                return False
-            return bool(values) and all(_equal(v, spec.expected[index]) for v in values)
-        if key in ran:
-            count, failed = ran[key]
-            return count > 0 and failed == 0
-        return None
-
-    every = [ok(i) for i in range(spec.asserts)]
-    if any(v is False for v in every):
-        first_bad = next(i for i, v in enumerate(every) if v is False)
-    else:
-        first_bad = None
-    if spec.check:   # HumanEval: one test, the whole check function
-        passed = (payload.get("done") and first_bad is None
+    if every is None:
+        return 0, total
+    if one_test:
+        passed = (done and not any(v is False for v in every)
                   and all(every[i] is True for i in spec.required) and any(v for v in every))
         return int(bool(passed)), 1
-    if not payload.get("done"):
+    if not done:
         return 0, total
     return sum(every[i] is True for i in spec.required), total
+
+
+def _outcomes(spec: TestSpec, payload) -> tuple[list | None, bool]:
+    """Each assert: True (held), False (failed) or None (never ran); None for the whole run when
+    it shows tampering. An assert against a literal counts only through the value it reported:
+    a record of it as run-and-held is a forgery."""
+    if not isinstance(payload, dict) or payload.get("flags"):
+        return None, False
+    lit, ran = payload.get("lit", {}), payload.get("ran", {})
+    if not isinstance(lit, dict) or not isinstance(ran, dict):
+        return None, False
+    if any(int(key) in spec.expected for key in ran):
+        return None, False
+    every: list[bool | None] = []
+    for index in range(spec.asserts):
+        key = str(index)
+        if index in spec.expected:
+            if key not in lit:
+                every.append(None)
+                continue
+            values = [decode(v) for v in lit[key]]
+            every.append(bool(values) and all(_equal(v, spec.expected[index]) for v in values))
+        elif key in ran:
+            count, failed = ran[key]
+            every.append(int(count) > 0 and int(failed) == 0)
+        else:
+            every.append(None)
+    return every, payload.get("done") is True
 
 
 def _equal(got, expected) -> bool:
@@ -496,16 +510,18 @@ class CodeTests:
         if spec.mode == "tests":
             return judge_tests(spec, payload)
         results = (payload or {}).get("results", [])
+        if not isinstance(results, list):
+            return 0, len(spec.outputs)
         passed = 0
         for k, expected in enumerate(spec.outputs):
-            got = results[k] if k < len(results) else {"error": "not run"}
-            if spec.mode == "stdio":
-                passed += "out" in got and same_output(got["out"], expected)
-            else:
-                try:
-                    passed += "value" in got and same_value(decode(got["value"]), expected)
-                except (ValueError, TypeError, KeyError):
-                    pass
+            got = results[k] if k < len(results) else {}
+            try:
+                if spec.mode == "stdio":
+                    passed += isinstance(got["out"], str) and same_output(got["out"], expected)
+                else:
+                    passed += same_value(decode(got["value"]), expected)
+            except (ValueError, TypeError, KeyError, RecursionError):
+                pass
         return passed, len(spec.outputs)
 
 

@@ -21,24 +21,42 @@ the trainer chose; the program's own stdout goes to /dev/null (tests, calls) or 
 """
 
 import builtins
+import collections
+import decimal
+import fractions
 import io
 import json
 import os
 import sys
+import types
 
-_BUILTIN_TYPES = (bool, int, float, complex, str, bytes, type(None), list, tuple, set, frozenset, dict)
+# Standard-library types whose values are compared as the plain values they hold. Bound here,
+# before any program runs, and compared by identity: a class of the program's that calls itself
+# `collections.deque` is not one of them.
+_COUNTER, _ORDERED, _DEFAULT, _DEQUE = (collections.Counter, collections.OrderedDict,
+                                        collections.defaultdict, collections.deque)
+_FRACTION, _DECIMAL = fractions.Fraction, decimal.Decimal
+_GENERATOR = types.GeneratorType
+_IMMUTABLE_TYPE = 1 << 8           # Py_TPFLAGS_IMMUTABLETYPE: a class statement never makes one
 
 
 class NotPlain(Exception):
     """A value whose type is not one of the plain built-in types (so its `==` cannot be trusted)."""
 
 
-def encode(value, depth=0, _type=type, _dict_items=dict.items):
+def _named_tuple(t) -> bool:
+    """A class made by collections.namedtuple (a tuple with `_fields`) that defines no `__eq__`."""
+    return (t.__bases__ == (tuple,) and isinstance(getattr(t, "_fields", None), tuple)
+            and "__eq__" not in vars(t) and "__hash__" not in vars(t))
+
+
+def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple.__iter__):
     """A plain value as JSON-able data, tagged so a tuple, a set and a dict survive the trip:
-    lists stay lists; {"t": [..]} tuple, {"s": [..]} set, {"d": [[k, v], ..]} dict,
-    {"c": [re, im]} complex, {"b": hex} bytes, {"f": "inf"|"-inf"|"nan"} non-finite float,
-    {"q": [..]} collections.deque. Any other type (a subclass of int with its own `__eq__`, a
-    generator, an instance of the program's own class) raises NotPlain."""
+    lists stay lists; {"t": [..]} tuple (and a namedtuple), {"s": [..]} set, {"d": [[k, v], ..]}
+    dict (and Counter, defaultdict), {"o": [[k, v], ..]} OrderedDict (in order), {"q": [..]}
+    deque, {"c": [re, im]} complex, {"b": hex} bytes, {"f": "inf"|"-inf"|"nan"} non-finite
+    float, {"fr": [p, q]} Fraction, {"dec": text} Decimal. Any other type (a subclass of int with
+    its own `__eq__`, an instance of the program's own class) raises NotPlain."""
     if depth > 100:
         raise NotPlain("nested more than 100 deep")
     t = _type(value)
@@ -50,21 +68,26 @@ def encode(value, depth=0, _type=type, _dict_items=dict.items):
         return value
     if t is list:
         return [encode(v, depth + 1) for v in value]
-    if t is tuple:
-        return {"t": [encode(v, depth + 1) for v in value]}
+    if t is tuple or (issubclass(t, tuple) and _named_tuple(t)):
+        return {"t": [encode(v, depth + 1) for v in _tuple_iter(value)]}
     if t is set or t is frozenset:
         items = [encode(v, depth + 1) for v in value]
         return {"s": sorted(items, key=lambda e: json.dumps(e, sort_keys=True))}
-    if t is dict or t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict",
-                                                                     "Counter"):
+    if t is dict or t is _COUNTER or t is _DEFAULT:
         pairs = [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _dict_items(value)]
         return {"d": sorted(pairs, key=lambda e: json.dumps(e[0], sort_keys=True))}
+    if t is _ORDERED:
+        return {"o": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _dict_items(value)]}
+    if t is _DEQUE:
+        return {"q": [encode(v, depth + 1) for v in value]}
     if t is complex:
         return {"c": [value.real, value.imag]}
     if t is bytes:
         return {"b": value.hex()}
-    if t.__module__ == "collections" and t.__name__ == "deque":
-        return {"q": [encode(v, depth + 1) for v in value]}
+    if t is _FRACTION:
+        return {"fr": [value.numerator, value.denominator]}
+    if t is _DECIMAL:
+        return {"dec": str(value)}
     raise NotPlain(f"a value of type {t.__module__}.{t.__qualname__}")
 
 
@@ -90,6 +113,15 @@ def decode(data):
     if tag == "q":
         import collections
         return collections.deque(decode(v) for v in body)
+    if tag == "o":
+        import collections
+        return collections.OrderedDict((decode(k), decode(v)) for k, v in body)
+    if tag == "fr":
+        import fractions
+        return fractions.Fraction(*body)
+    if tag == "dec":
+        import decimal
+        return decimal.Decimal(body)
     raise ValueError(f"unknown tag {tag!r}")
 
 
@@ -109,18 +141,75 @@ def _threads():
     return count
 
 
-class Guard:
-    """What the program must not change: the builtins, the modules the tests use, the tests' own
-    namespace; no trace or profile function; no second thread."""
+def _function_state(f):
+    """What can be swapped inside a function object without replacing it."""
+    cells = tuple(c.cell_contents if _filled(c) else None for c in (f.__closure__ or ()))
+    return (f.__code__, f.__defaults__, f.__kwdefaults__) + cells
 
-    SKIP = {"sys": {"stdout", "stderr", "stdin", "last_type", "last_value", "last_traceback",
-                    "last_exc"}}
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _deep_snapshot(module) -> list:
+    """(holder, key, value) to compare by identity: the module's attributes, the code of its
+    functions, its own classes' attributes and their functions' code, and the callable attributes
+    of its instances (such as `random._inst.randrange`)."""
+    out = []
+    for key, value in list(vars(module).items()):
+        out.append((module, key, value))
+        if isinstance(value, types.FunctionType):
+            out.append((value, "<state>", _function_state(value)))
+        elif isinstance(value, type) and value.__module__ == module.__name__:
+            for name, member in list(vars(value).items()):
+                out.append((value, name, member))
+                if isinstance(member, types.FunctionType):
+                    out.append((member, "<state>", _function_state(member)))
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)):
+            try:
+                attrs = vars(value)
+            except TypeError:
+                continue
+            if isinstance(attrs, dict):
+                out.append((value, "<callables>", {k: v for k, v in attrs.items() if callable(v)}))
+    return out
+
+
+def _current(holder, key):
+    if key == "<state>":
+        return _function_state(holder)
+    if key == "<callables>":
+        return {k: v for k, v in vars(holder).items() if callable(v)}
+    return vars(holder).get(key, _current)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    return a is b
+
+
+class Guard:
+    """What the program must not change: the builtins and the modules the tests use (their
+    attributes, their functions' code, defaults and closures, their classes, their instances'
+    methods), the tests' own namespace and functions during the program's calls; no trace or
+    profile function; no second thread."""
+
+    SKIP = {"sys": {"stdout", "stderr", "stdin", "__stdout__", "__stderr__", "__stdin__",
+                    "last_type", "last_value", "last_traceback", "last_exc"}}
 
     def __init__(self, module_names):
         self.flags = []
-        self.modules = [sys.modules[n] for n in module_names if n in sys.modules]
-        self.snapshots = [(m, {k: v for k, v in vars(m).items()
-                               if k not in self.SKIP.get(m.__name__, ())}) for m in self.modules]
+        self.modules = [sys.modules[n] for n in dict.fromkeys(module_names) if n in sys.modules]
+        self.snapshot = [(m, [(h, k, v) for h, k, v in _deep_snapshot(m)
+                              if not (h is m and k in self.SKIP.get(m.__name__, ()))])
+                         for m in self.modules]
         self.namespaces = []
 
     def watch(self, namespace):
@@ -131,23 +220,24 @@ class Guard:
             self.namespaces.append(namespace["__builtins__"])
 
     def before_call(self):
-        return [dict(n) for n in self.namespaces]
+        return [(dict(n), {k: _function_state(v) for k, v in n.items()
+                           if isinstance(v, types.FunctionType)}) for n in self.namespaces]
 
     def check(self, when, before=()):
         if self.flags:
             return
-        for module, snapshot in self.snapshots:
+        for module, entries in self.snapshot:
             if sys.modules.get(module.__name__) is not module:
                 self.flags.append(f"sys.modules[{module.__name__!r}] was replaced {when}")
                 return
-            now = vars(module)
-            for key, value in snapshot.items():
-                if now.get(key, self) is not value:
-                    self.flags.append(f"{module.__name__}.{key} was replaced {when}")
+            for holder, key, value in entries:
+                if not _same(_current(holder, key), value):
+                    self.flags.append(f"{module.__name__}: {getattr(holder, '__name__', holder)!s:.40}"
+                                      f".{key} was changed {when}")
                     return
-        for namespace, snapshot in zip(self.namespaces, before):
-            if namespace.keys() != snapshot.keys() or any(
-                    namespace[k] is not v for k, v in snapshot.items()):
+        for namespace, (names, functions) in zip(self.namespaces, before):
+            if namespace.keys() != names.keys() or any(namespace[k] is not v for k, v in names.items()) \
+                    or any(not _same(_function_state(namespace[k]), v) for k, v in functions.items()):
                 self.flags.append(f"the tests' names were changed {when}")
                 return
         if sys.gettrace() is not None or sys.getprofile() is not None:
@@ -159,24 +249,53 @@ class Guard:
             self.flags.append(f"a thread was started {when}")
 
 
-def _wrap(fn, guard, name):
+def _checked(result, guard, name):
+    """`result` if it is a plain value (a generator is passed on as one that checks each item)."""
+    if type(result) is _GENERATOR:
+        return _checked_items(result, guard, name)
+    try:
+        encode(result)
+    except NotPlain as e:
+        guard.flags.append(f"{name} returned {e}")
+        raise
+    except RecursionError:
+        guard.flags.append(f"{name} returned a self-referencing value")
+        raise
+    return result
+
+
+def _checked_items(generator, guard, name):
+    for item in generator:
+        yield _checked(item, guard, name)
+
+
+def _wrap(fn, guard, name, method=False):
     """The program's callable as the tests see it: every result must be a plain value, and the
-    guard looks for tampering after every call."""
+    guard looks for tampering after every call. A class of the program's is not wrapped (its
+    instances are the program's objects, which the tests may pass back to it), but each of its
+    own methods is, so what they return is checked like a function's result; the instances
+    themselves are not plain, so comparing one in an assert is flagged."""
+    if isinstance(fn, type):
+        home = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if home is not None and getattr(home, fn.__qualname__, None) is fn:
+            return fn                            # a module's own class (Fraction): not the program's
+        for attr, member in list(vars(fn).items()):
+            if isinstance(member, types.FunctionType) and not attr.startswith("__") \
+                    and not getattr(member, "__grpo_wrapped__", False):
+                setattr(fn, attr, _wrap(member, guard, f"{name}.{attr}", method=True))
+        return fn
+
     def candidate(*args, **kwargs):
+        if method and (not guard.namespaces
+                       or sys._getframe(1).f_globals is not guard.namespaces[0]):
+            return fn(*args, **kwargs)      # the program calling its own method
         before = guard.before_call()
         result = fn(*args, **kwargs)
         guard.check(f"during a call of {name}", before)
-        try:
-            encode(result)
-        except NotPlain as e:
-            guard.flags.append(f"{name} returned {e}")
-            raise
-        except RecursionError:
-            guard.flags.append(f"{name} returned a self-referencing value")
-            raise
-        return result
+        return _checked(result, guard, name)
     candidate.__name__ = candidate.__qualname__ = name
     candidate.__doc__ = getattr(fn, "__doc__", None)
+    candidate.__grpo_wrapped__ = True
     return candidate
 
 
@@ -194,7 +313,8 @@ def run_tests(job, send):
             __import__(name)
         except BaseException:
             pass
-    guard = Guard(["builtins", "sys", "os", "json", "io"] + list(job.get("imports", [])))
+    guard = Guard(["builtins", "sys", "os", "json", "io", "collections", "fractions", "decimal",
+                   "types"] + list(job.get("imports", [])))
     records = {"lit": {}, "ran": {}}
     pristine = dict(vars(builtins))
     program = {"__name__": "__solution__", "__builtins__": builtins}
@@ -205,11 +325,14 @@ def run_tests(job, send):
         return send({"flags": guard.flags, **records})
     guard.check("by the program")
     tests = {"__name__": "__main__", "__builtins__": dict(pristine)}
+    entry = job.get("entry_point")
+    real_modules = {m.__name__: m for m in guard.modules}
     for name, value in program.items():
-        if name.startswith("__"):
-            continue
-        if type(value) is type(os):
-            tests[name] = value
+        if name.startswith("__") or (name in pristine and name != entry):
+            continue        # the program's own `abs` or `set` never stands in for the builtin
+        if isinstance(value, types.ModuleType):
+            if sys.modules.get(value.__name__) is value:   # a real module, not one it built
+                tests[name] = real_modules.get(name, value) if name == value.__name__ else value
         elif callable(value):
             tests[name] = _wrap(value, guard, name)
         else:
@@ -218,7 +341,9 @@ def run_tests(job, send):
                 tests[name] = value
             except (NotPlain, RecursionError):
                 pass
-    entry = job.get("entry_point")
+    for name in job.get("imports", []):      # a module the tests name is the real one
+        if name in real_modules and name in tests:
+            tests[name] = real_modules[name]
     if entry and not callable(program.get(entry)):
         guard.flags.append(f"the program defines no function {entry!r}")
         return send({"flags": guard.flags, **records})
@@ -246,6 +371,14 @@ def run_tests(job, send):
         ran(index, same)
 
     def truth(index, value):
+        # `assert X` holds only for a plain X (a bool, mostly), or an object of a type that no
+        # Python code can define or patch (a C type marked immutable, such as re.Match)
+        if not type(value).__flags__ & _IMMUTABLE_TYPE:
+            try:
+                encode(value)
+            except (NotPlain, RecursionError) as e:
+                guard.flags.append(f"assert {index} tested {e}")
+                raise AssertionError(index) from None
         ran(index, bool(value))
 
     tests.update({"__grpo_lit__": lit, "__grpo_eq__": eq, "__grpo_truth__": truth})
@@ -323,9 +456,9 @@ def run_stdio(job, send):
                 os.dup2(os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
                 os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
                 os.closerange(3, 1 << 16)
-                sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-                sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
-                sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False))
+                sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+                sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
+                sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False))
                 try:
                     exec(code, {"__name__": "__main__", "__builtins__": builtins})
                     status = 0
@@ -333,7 +466,10 @@ def run_stdio(job, send):
                     status = 0 if e.code in (0, None) else 1
                 except BaseException:  # noqa: BLE001
                     pass
-                sys.stdout.flush()
+                import atexit
+                atexit._run_exitfuncs()          # fast-IO templates write their buffer at exit
+                for stream in (sys.stdout, sys.__stdout__):
+                    stream.flush()
             finally:
                 os._exit(status)
         deadline = time.monotonic() + job["timeout_s"]
