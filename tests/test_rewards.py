@@ -187,7 +187,16 @@ def test_get_reward_unknown_name_lists_built_ins():
 def test_get_reward_known_names():
     assert get_reward("math_accuracy") is math_accuracy
     assert set(REWARDS) == {"math_accuracy", "exact_answer", "think_format", "countdown_equation",
-                            "code_tests"}
+                            "code_tests", "final_answer"}
+
+
+def test_final_answer_reads_what_the_model_wrote_after_the_last_tool_result():
+    from grpo.rewards import final_answer
+    completions = ["<call>calculator 12*3</call><result>36</result>36",   # copied the result
+                   "<call>calculator 12*3</call><result>36</result>",     # stopped at the result
+                   "36",                                                   # no tool: the whole text
+                   "<tool_call>{}</tool_call>\n<tool_response>\n36\n</tool_response>\n 36 "]
+    assert final_answer(["q"] * 4, completions, answer=["36"] * 4) == [1.0, 0.0, 1.0, 1.0]
 
 
 def test_two_functions_with_the_same_name_are_both_counted():
