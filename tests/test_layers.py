@@ -10,8 +10,8 @@ LAYERS = [
     {"config", "rollout", "presets"},                                   # vocabulary
     {"rewards", "advantages", "loss", "passk"},                         # algorithm (pure)
     {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
-     "reward_sources"},                                                 # infrastructure
-    {"sampling", "vllm_sampler", "update"},                             # steps
+     "reward_sources", "tools", "environments"},                        # infrastructure
+    {"sampling", "vllm_sampler", "update", "episodes"},                 # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics",
      "evaluate"},                                                        # composition
 ]

@@ -10,6 +10,7 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -24,6 +25,19 @@ from grpo.rewards.sandbox import Limits
 from grpo.rewards import RewardFn, get_reward, math_accuracy, reward_name
 from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task
+from grpo.environments import EnvironmentError_, environment_factory
+from grpo.episodes import EpisodeLimits, episode_tools
+from grpo.tools import Tool, ToolError, resolve_tools
+
+
+@dataclass
+class Agent:
+    """What a multi-turn run needs to sample episodes (episodes.py)."""
+    tools: dict[str, Tool]
+    make_env: Callable[[], object] | None
+    call_format: str
+    limits: EpisodeLimits
+    turn_rewards: bool = False
 
 
 @dataclass
@@ -33,8 +47,10 @@ class Data:
     reward_fns: list[RewardFn]
     reward_weights: list[float]
     accuracy_fn: RewardFn                       # scores held-out answers for `eval/accuracy`
-    demonstrations: list[tuple[str, str]] = field(default_factory=list)  # for the cold start
+    # for the cold start: (prompt, context after it that is not imitated, completion to imitate)
+    demonstrations: list[tuple[str, str, str]] = field(default_factory=list)
     skipped_long_prompts: int = 0               # rows left out by long_prompts=skip
+    agent: Agent | None = None                  # tools and/or an environment: episodes
 
 
 def seed_everything(seed: int) -> None:
@@ -134,7 +150,8 @@ def add_lora(policy, config: TrainConfig):
 
 
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
-              check_golds_now: bool = True) -> Data:
+              check_golds_now: bool = True, tools: list | None = None,
+              environment: Callable[[], object] | None = None) -> Data:
     """Rows, reward functions and demonstrations from the task or the dataset file. Golds are
     checked at load for GRPO; cold-start-only use (`grpo sft`) needs none."""
     d = config.data
@@ -145,12 +162,17 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
                      if d.eval_dataset else [])
         random.Random(config.run.seed).shuffle(train_rows)
         default_rewards, accuracy_fn = ["math_accuracy"], math_accuracy
-        demonstrations = [(r["prompt"], str(r["completion"])) for r in train_rows if "completion" in r]
+        demonstrations = [(r["prompt"], "", str(r["completion"])) for r in train_rows
+                          if "completion" in r]
     else:
         task = get_task(d.task)
         train_rows, eval_rows = task.train_rows(config.run.seed), task.eval_rows()
         default_rewards, accuracy_fn = task.rewards, get_reward(task.rewards[0])
-        demonstrations = [(r["prompt"], task.demonstration(r)) for r in train_rows]
+        demonstrations = []
+        for r in train_rows:
+            shown = task.demonstration(r)    # a completion, or (context, completion) turns
+            turns = [("", shown)] if isinstance(shown, str) else shown
+            demonstrations += [(r["prompt"], context, target) for context, target in turns]
     if reward_fns is None:
         names = config.reward.rewards or default_rewards
         reward_fns = [resolve_reward(n, config) for n in names]
@@ -165,16 +187,59 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     if len(weights) != len(reward_fns):
         raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
                           f"{len(reward_fns)} reward functions")
-    return Data(train_rows, eval_rows[: d.eval_size], reward_fns, weights, accuracy_fn, demonstrations)
+    agent = load_agent(config, [] if d.dataset else list(getattr(task, "tools", [])), tools,
+                       environment)
+    _AGENTS[id(config)] = (config, agent)
+    return Data(train_rows, eval_rows[: d.eval_size], reward_fns, weights, accuracy_fn, demonstrations,
+                agent=agent)
+
+
+def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | None = None,
+               environment: Callable[[], object] | None = None) -> Agent | None:
+    """Tools and environment from the config (or the task's tools), plus those given from Python;
+    None for single-turn runs. A tool or an environment method whose signature cannot become a
+    schema stops here, named."""
+    a = config.agent
+    names = (list(a.tools) or task_tools) + list(extra_tools or [])
+    try:
+        make_env = environment or environment_factory(a.environment)
+        if not names and make_env is None:
+            return None
+        tools = resolve_tools(names)
+        if make_env is not None:
+            episode_tools(make_env(), tools)    # the environment's methods as tools, checked now
+    except (ToolError, EnvironmentError_) as e:
+        raise ConfigError(f"config key '{'environment' if isinstance(e, EnvironmentError_) else 'tools'}"
+                          f"': {e}") from None
+    turn = a.turn_tokens or config.sampling.max_new_tokens
+    episode = a.episode_tokens or a.max_turns * (turn + 64)
+    limits = EpisodeLimits(max_turns=a.max_turns, turn_tokens=turn, episode_tokens=episode,
+                           observation_tokens=min(256, episode), deadline_s=a.tool_deadline_s)
+    return Agent(tools, make_env, a.tool_format, limits, a.turn_rewards)
+
+
+_AGENTS: dict[int, tuple[TrainConfig, Agent | None]] = {}
+
+
+def agent_of(config: TrainConfig) -> Agent | None:
+    """The config's Agent (built once per config; the tools' schemas are what prompts show)."""
+    entry = _AGENTS.get(id(config))
+    if entry is None or entry[0] is not config:
+        task_tools = [] if config.data.dataset else list(getattr(get_task(config.data.task), "tools", []))
+        entry = _AGENTS[id(config)] = (config, load_agent(config, task_tools))
+    return entry[1]
 
 
 def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
     """Each row's prompt as the model sees it (chat template applied where it belongs)."""
     texts = []
+    agent = agent_of(config)
     for i, r in enumerate(rows):
         try:
             texts.append(format_prompt(tokenizer, r["prompt"], config.model.chat_template,
-                                       config.data.system_prompt))
+                                       config.data.system_prompt,
+                                       tools=list(agent.tools.values()) if agent else None,
+                                       call_format=agent.call_format if agent else "plain"))
         except DataError as e:
             where = config.data.dataset or f"task {config.data.task}"
             raise DataError(f"{where} row {r.get('_row', i) + 1}: {e}") from None

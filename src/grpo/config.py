@@ -87,6 +87,32 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call in multi-turn episodes: built-ins (calculator, python) or
+    `module:function` (type hints and a docstring make its schema); empty uses the task's own."""
+    environment: str = ""
+    """A stateful environment per episode: a built-in (guess_number) or `module:Class` with
+    reset(row) and step(text) (docs/guides/agents.md); its public methods are tools too."""
+    tool_format: str = "plain"
+    """How calls are written and parsed: `plain` (<call>NAME ARGS</call>, results in
+    <result>..</result>) or `hermes` (<tool_call>{"name", "arguments"}</tool_call>, Qwen2.5 style)."""
+    max_turns: int = 4
+    """Model turns per episode (with tools or an environment)."""
+    turn_tokens: int = 0
+    """Tokens the model may write in one turn; 0 = max_new_tokens."""
+    episode_tokens: int = 0
+    """Every token after the prompt, the model's and the tools' and environment's; 0 = max_turns x
+    (turn_tokens + 64). An episode that reaches a limit is truncated."""
+    tool_deadline_s: float = 5.0
+    """Deadline of each tool call and environment reset/step; an overrun is answered with an error."""
+    turn_rewards: bool = False
+    """Advantages from the environment's per-turn rewards (DeepSeekMath 4.1.3 process supervision:
+    each turn's normalized reward credited to the tokens before it), the reward functions' total
+    added to the last turn; false gives every token the episode's outcome advantage."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     eval_samples: int = 1
     """n: completions per held-out prompt. 1 decodes greedily; more sample at eval_temperature and
@@ -249,7 +275,7 @@ class RunConfig:
 
 
 SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig,
-            EvalConfig)
+            EvalConfig, AgentConfig)
 
 # name -> keys it sets. Explicit keys from the file or command line override a preset.
 @dataclass(frozen=True)
@@ -262,6 +288,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def flat(self) -> dict:
         """Every key and its value, as written in a YAML file."""
@@ -412,6 +439,11 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     if c["code_workers"] < 1 or c["code_timeout_s"] <= 0:
         raise ConfigError("config keys 'code_workers' and 'code_timeout_s' must be above 0")
+    if c["tool_format"] not in ("plain", "hermes"):
+        raise ConfigError(f"config key 'tool_format' must be plain or hermes, got {c['tool_format']!r}")
+    if c["max_turns"] < 1 or c["turn_tokens"] < 0 or c["episode_tokens"] < 0 or c["tool_deadline_s"] <= 0:
+        raise ConfigError("config keys 'max_turns' (at least 1), 'turn_tokens', 'episode_tokens' (0 or "
+                          "more) and 'tool_deadline_s' (above 0) are out of range")
     if c["eval_temperature"] <= 0:
         raise ConfigError("config key 'eval_temperature' must be above 0")
     bad_k = [k for k in c["eval_k"] if not 1 <= k <= c["eval_samples"]]

@@ -140,10 +140,13 @@ def check_jsonl(path: str) -> None:
                 raise DataError(f"{path} line {number}: expected a JSON object, got {type(value).__name__}")
 
 
-def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = "") -> str:
+def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = "", tools=None,
+                  call_format: str = "plain") -> str:
     """The text the model sees: the chat template when there is one and it is wanted, else the
     prompt. A conversational prompt (a list of messages, system and earlier turns included) always
-    goes through the chat template; `system_prompt` is put first unless it has a system message."""
+    goes through the chat template; `system_prompt` is put first unless it has a system message.
+    `tools` (tools.Tool) are rendered by the chat template when it supports tools, else described
+    in plain text before the prompt (tool_description)."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, list):
         if not has_template or chat_template == "none":
@@ -155,12 +158,40 @@ def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = ""
         messages = list(prompt)
         if system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": system_prompt})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return _render(tokenizer, messages, tools, call_format)
     if chat_template in ("auto", "required") and has_template:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
         messages.append({"role": "user", "content": prompt})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{system_prompt}\n{prompt}" if system_prompt else prompt
+        return _render(tokenizer, messages, tools, call_format)
+    text = f"{system_prompt}\n{prompt}" if system_prompt else prompt
+    return tool_description(tools, call_format) + text if tools else text
+
+
+def _render(tokenizer, messages: list[dict], tools, call_format: str) -> str:
+    """The chat template, given the tools' schemas when it renders them; otherwise the tools are
+    described in plain text at the start of the first message."""
+    plain = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not tools:
+        return plain
+    schemas = [t.schema for t in tools]
+    with_tools = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False,
+                                               add_generation_prompt=True)
+    if with_tools != plain:
+        return with_tools
+    described = [dict(m) for m in messages]
+    described[0]["content"] = tool_description(tools, call_format) + str(described[0]["content"])
+    return tokenizer.apply_chat_template(described, tokenize=False, add_generation_prompt=True)
+
+
+def tool_description(tools, call_format: str) -> str:
+    """The tools in plain text. `plain`: one short line, `<tools>name(param, ...) ...</tools>`;
+    `hermes`: the JSON schemas and how to call one."""
+    import json
+    if call_format == "hermes":
+        body = "\n".join(json.dumps(t.schema) for t in tools)
+        return (f"<tools>\n{body}\n</tools>\nTo call a tool, write <tool_call>{{\"name\": ..., "
+                f"\"arguments\": {{...}}}}</tool_call>.\n")
+    return "<tools>" + " ".join(f"{t.name}({', '.join(t.parameters)})" for t in tools) + "</tools>\n"
 
 
 class PromptStream:

@@ -190,11 +190,17 @@ class Decoder:
         return logits, state
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Feed one token per row [n]; return the next logits [n, V]."""
+    def step(self, tokens: torch.Tensor, state: DecodeState,
+             valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed one token per row [n]; return the next logits [n, V]. Rows where `valid` [n] is
+        False write a slot that no later query sees and keep their position (a row waiting for
+        the others to end their turn)."""
+        if valid is not None:
+            return self.extend(tokens[:, None], valid[:, None], state)
         x = self._embed(tokens[:, None])                   # [n, 1, H]
         cos, sin = self.rotary(x, state.positions[:, None])
         t = state.length
+        self._ensure(state, 1)
         mask = state.key_valid[:, None, None, :t + 1]                         # [n, 1, 1, t+1]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -204,6 +210,51 @@ class Decoder:
             x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
         state.length, state.positions = t + 1, state.positions + 1
         return self._logits(self._norm(x, self.norm))
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Feed L tokens per row [n, L], of which `valid` [n, L] are real (an environment's answer,
+        right-padded to the longest); return the logits after each row's last real token [n, V]
+        (for a row with none, the logits of a position it never had: the caller keeps its own).
+        Costs the new tokens only: the history is read from the cache."""
+        n, L = tokens.shape
+        t = state.length
+        self._ensure(state, L)
+        valid = valid.bool().to(state.key_valid.device)
+        state.key_valid[:, t:t + L] = valid
+        positions = state.positions[:, None] + valid.long().cumsum(-1) - 1               # [n, L]
+        x = self._embed(tokens)
+        cos, sin = self.rotary(x, positions.clamp(min=0))
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        mask = torch.cat([state.key_valid[:, None, :t].expand(n, L, t),
+                          causal & valid[:, None, :]], dim=-1)
+        mask = (mask | torch.cat([torch.zeros(n, L, t, dtype=torch.bool, device=x.device),
+                                  torch.eye(L, dtype=torch.bool, device=x.device).expand(n, L, L)],
+                                 dim=-1)).unsqueeze(1)                         # [n, 1, L, t+L]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
+            state.keys[i][:, :, t:t + L], state.values[i][:, :, t:t + L] = k, v
+            x = x + self._attend(attn, q, state.keys[i][:, :, :t + L],
+                                 state.values[i][:, :, :t + L], mask)
+            x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+        last = (valid.long().cumsum(-1).argmax(-1))                                    # [n]
+        state.length, state.positions = t + L, state.positions + valid.long().sum(-1)
+        h = x[torch.arange(n, device=x.device), last][:, None]
+        return self._logits(self._norm(h, self.norm))
+
+    @staticmethod
+    def _ensure(state: DecodeState, extra: int) -> None:
+        """Room for `extra` more slots: the cache doubles when it is full."""
+        have = state.keys[0].shape[2]
+        if state.length + extra <= have:
+            return
+        grow = max(extra, have)
+        state.keys = [torch.cat([k, k.new_empty(*k.shape[:2], grow, k.shape[3])], 2) for k in state.keys]
+        state.values = [torch.cat([v, v.new_empty(*v.shape[:2], grow, v.shape[3])], 2)
+                        for v in state.values]
+        state.key_valid = torch.cat([state.key_valid, state.key_valid.new_ones(len(state.key_valid),
+                                                                                 grow)], 1)
 
     @staticmethod
     def keep(state: DecodeState, rows: torch.Tensor) -> None:

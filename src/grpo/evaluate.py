@@ -55,7 +55,9 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
     with sampling_at(sampler, c.eval.eval_temperature, c.run.seed * 1_000_003 + step, device):
         for start in range(0, len(data.eval_rows), per_call):
             rows = data.eval_rows[start:start + per_call]
-            rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), n, greedy=n == 1)
+            with_rows = {"rows": rows} if hasattr(sampler, "make_env") else {}
+            rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), n, greedy=n == 1,
+                                     **with_rows)
             scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, n))
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]

@@ -38,7 +38,28 @@ def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, rewa
     metrics["time/reference_s"], metrics["time/update_s"] = reference_s, update_s
     metrics["time/step_s"] = step_s = step_s or (sample_s + reward_s + reference_s + update_s)
     metrics["tokens/s"] = lengths.sum().item() / step_s  # completion tokens per second of the step
+    metrics.update(episode_metrics(rollout))
     return metrics
+
+
+def episode_metrics(rollout: Rollout) -> dict:
+    """Multi-turn episodes: turns, tool calls and their failures, the environment's share of the
+    tokens; nothing for single-turn rollouts."""
+    e = rollout.episodes
+    if not e:
+        return {}
+    n = max(len(e["turns"]), 1)
+    calls = sum(e["tool_calls"])
+    policy = rollout.completion_mask.sum().item()
+    real = rollout.real_mask.sum().item()
+    out = {"episode/turns_mean": sum(e["turns"]) / n,
+           "episode/tool_calls_mean": calls / n,
+           "episode/tool_use_frac": sum(c > 0 for c in e["tool_calls"]) / n,
+           "episode/env_token_frac": (real - policy) / real if real else 0.0,
+           "episode/env_failures": sum(e["env_failures"])}
+    if calls:
+        out["episode/tool_failure_rate"] = sum(e["tool_failures"]) / calls
+    return out
 
 
 def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
@@ -48,7 +69,8 @@ def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
     parts = distributed.gather_objects(
         {"rewards": rollout.rewards, "advantages": rollout.advantages, "truncated": rollout.truncated,
          "group_ids": rollout.group_ids, "completion_mask": rollout.completion_mask,
-         "prompt_mask": rollout.prompt_mask, "rewards_per_fn": rollout.rewards_per_fn}, world)
+         "prompt_mask": rollout.prompt_mask, "rewards_per_fn": rollout.rewards_per_fn,
+         "episodes": rollout.episodes, "real_mask": rollout.real_mask}, world)
     offsets = [0]
     for p in parts[:-1]:
         offsets.append(offsets[-1] + int(p["group_ids"].max()) + 1)
@@ -62,14 +84,30 @@ def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
         rewards=torch.cat([p["rewards"] for p in parts]),
         advantages=torch.cat([p["advantages"] for p in parts]),
         rewards_per_fn={k: [v for p in parts for v in p["rewards_per_fn"][k]]
-                        for k in parts[0]["rewards_per_fn"]})
+                        for k in parts[0]["rewards_per_fn"]},
+        context_mask=(distributed.gather_rows(rollout.real_mask, world)
+                      if rollout.context_mask is not None else None),
+        episodes={k: [v for p in parts for v in p["episodes"][k]] for k in parts[0]["episodes"]})
 
 
 def sample_records(rollout, step: int) -> list[dict]:
-    return [{"step": step, "group": int(g), "prompt": p, "completion": comp,
-             "reward": None if math.isnan(r) else r, "advantage": a}
-            for p, comp, g, r, a in zip(rollout.prompts, rollout.completions, rollout.group_ids.tolist(),
-                                        rollout.rewards.tolist(), rollout.advantages.tolist())]
+    """samples.jsonl: one record per completion; an episode's also say where its turns end (as
+    character offsets into the completion) and how many tool calls it made."""
+    advantages = rollout.advantages
+    if advantages.dim() == 2:   # per-token (turn rewards): the mean over the policy's tokens
+        mask = rollout.completion_mask.float()
+        advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    records = [{"step": step, "group": int(g), "prompt": p, "completion": comp,
+                "reward": None if math.isnan(r) else r, "advantage": a}
+               for p, comp, g, r, a in zip(rollout.prompts, rollout.completions,
+                                           rollout.group_ids.tolist(), rollout.rewards.tolist(),
+                                           advantages.tolist())]
+    if rollout.episodes:
+        for i, record in enumerate(records):
+            record["turns"] = rollout.episodes["turns"][i]
+            record["tool_calls"] = rollout.episodes["tool_calls"][i]
+            record["spans"] = rollout.episodes.get("spans", [[]] * len(records))[i]
+    return records
 
 
 def metrics_line(m: dict, accuracy: float) -> str:

@@ -42,6 +42,12 @@ PANELS = [
                                      ("time/reference_s", "reference"), ("time/update_s", "update"),
                                      ("time/step_s", "step")], None),
     ("reflection", "Completions containing reflection words (fraction)", [], (-0.02, 1.02)),
+    ("agent", "Episodes: turns and tool calls per episode", [
+        ("episode/turns_mean", "turns"), ("episode/tool_calls_mean", "tool calls")], None),
+    ("agent_shares", "Episodes: tool use, tool failures, environment tokens (fractions)", [
+        ("episode/tool_use_frac", "episodes calling a tool"),
+        ("episode/tool_failure_rate", "failed calls"),
+        ("episode/env_token_frac", "environment-token share")], (-0.02, 1.02)),
 ]
 
 
@@ -137,7 +143,8 @@ def _browser_samples(samples: list[dict]) -> list[dict]:
     for s in samples:
         if s["step"] in keep and count.get(s["step"], 0) < SAMPLES_PER_STEP:
             count[s["step"]] = count.get(s["step"], 0) + 1
-            out.append({k: s.get(k) for k in ("step", "group", "prompt", "completion", "reward", "advantage")})
+            out.append({k: s.get(k) for k in ("step", "group", "prompt", "completion", "reward",
+                                               "advantage", "spans")})
     return out
 
 
@@ -163,8 +170,17 @@ function show() {
   const body = document.getElementById('rows'); body.innerHTML = '';
   for (const s of samples.filter(s => String(s.step) === select.value)) {
     const tr = document.createElement('tr');
-    for (const v of [s.group, s.prompt, s.completion, s.reward === null ? 'unscorable' : s.reward.toFixed(3), s.advantage.toFixed(3)]) {
-      const td = document.createElement('td'); td.textContent = v; tr.appendChild(td);
+    for (const [i, v] of [s.group, s.prompt, s.completion, s.reward === null ? 'unscorable' : s.reward.toFixed(3), s.advantage.toFixed(3)].entries()) {
+      const td = document.createElement('td');
+      if (i === 2 && s.spans && s.spans.length) {   // an episode: the environment's text marked
+        for (const [start, end, who] of s.spans) {
+          const span = document.createElement('span');
+          span.textContent = s.completion.slice(start, end);
+          if (who === 'env') { span.className = 'env'; span.title = 'tool or environment'; }
+          td.appendChild(span);
+        }
+      } else { td.textContent = v; }
+      tr.appendChild(td);
     }
     body.appendChild(tr);
   }
@@ -203,6 +219,7 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .grid {{ display: flex; flex-wrap: wrap; gap: 8px; }} figure {{ margin: 0; }}
 img.plot {{ width: 640px; max-width: 100%; border: 1px solid #ddd; }}
+span.env {{ background: #e8f0ff; color: #2a4a8a; }}
 table {{ border-collapse: collapse; font-size: 13px; }} td, th {{ border: 1px solid #ddd; padding: 3px 6px;
 vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
 </style></head><body>

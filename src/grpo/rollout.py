@@ -7,6 +7,12 @@ Shape glossary:
     P  prompt tokens (left-padded)     T  completion tokens (right-padded, EOS included)
 
 Groups are tracked by `group_ids`, not by position, so reordering or splitting rows cannot mix them.
+
+A multi-turn episode (episodes.py) is the same structure: its "completion" is every token after
+the prompt, the policy's turns and the tools' and environment's answers, in order, as one token
+sequence. `completion_mask` marks the tokens the policy wrote (the loss, the KL, the entropy and
+every aggregation see only those); `context_mask` marks every real token (what attention sees).
+A single-turn completion has `context_mask` None: the two are the same.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class Rollout:
     old_logprobs: torch.Tensor | None = None     # [N, T] pi_old, fixed for the mu updates
     ref_logprobs: torch.Tensor | None = None     # [N, T] pi_ref; None when beta = 0
     loss_mask: torch.Tensor | None = None        # [N, T] tokens that enter the loss; None = completion_mask
+    context_mask: torch.Tensor | None = None     # [N, T] every real token after the prompt; None = completion_mask
+    episodes: dict[str, list] = field(default_factory=dict)  # multi-turn bookkeeping, each [N]
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -44,8 +52,12 @@ class Rollout:
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
 
     @property
+    def real_mask(self) -> torch.Tensor:       # [N, T] tokens after the prompt that exist
+        return self.completion_mask if self.context_mask is None else self.context_mask
+
+    @property
     def attention_mask(self) -> torch.Tensor:  # [N, P+T]
-        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.real_mask], dim=1)
 
     def rows(self, index: slice | list[int]) -> "Rollout":
         """Some rows (a slice for micro-batching, or a list of row numbers); lists and tensors alike."""
@@ -70,6 +82,8 @@ class Rollout:
             rewards_per_fn={k: cut(v) for k, v in self.rewards_per_fn.items()},
             advantages=cut(self.advantages), old_logprobs=cut(self.old_logprobs),
             ref_logprobs=cut(self.ref_logprobs), loss_mask=cut(self.loss_mask),
+            context_mask=cut(self.context_mask),
+            episodes={k: cut(v) for k, v in self.episodes.items()},
         )
 
     def trimmed(self) -> "Rollout":
@@ -77,7 +91,7 @@ class Rollout:
         and the completion columns past the longest completion (on the right)."""
         real_prompt = self.prompt_mask.any(0).nonzero()
         start = int(real_prompt[0]) if len(real_prompt) else self.prompt_mask.shape[1]
-        end = max(1, int(self.completion_mask.sum(-1).max())) if len(self) else 1
+        end = max(1, int(self.real_mask.sum(-1).max())) if len(self) else 1
 
         def cut(x, left: bool):
             if x is None or x.dim() < 2:
@@ -88,14 +102,14 @@ class Rollout:
             completion_ids=cut(self.completion_ids, False), completion_mask=cut(self.completion_mask, False),
             sampler_logprobs=cut(self.sampler_logprobs, False), old_logprobs=cut(self.old_logprobs, False),
             ref_logprobs=cut(self.ref_logprobs, False), loss_mask=cut(self.loss_mask, False),
-            advantages=cut(self.advantages, False))
+            context_mask=cut(self.context_mask, False), advantages=cut(self.advantages, False))
 
     def to(self, device) -> "Rollout":
         """The same rows with every tensor on `device` (the model's, for a forward pass)."""
         return replace(self, **{f: getattr(self, f).to(device) for f in (
             "group_ids", "prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
             "sampler_logprobs", "truncated", "rewards", "advantages", "old_logprobs", "ref_logprobs",
-            "loss_mask") if isinstance(getattr(self, f), torch.Tensor)})
+            "loss_mask", "context_mask") if isinstance(getattr(self, f), torch.Tensor)})
 
     @property
     def tokens_in_loss(self) -> torch.Tensor:  # [N, T]
@@ -134,4 +148,7 @@ def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
         rewards=torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
         rewards_per_fn={k: [v for p in parts for v in p.rewards_per_fn[k]]
                         for k in parts[0].rewards_per_fn},
+        context_mask=(torch.cat([right(p.real_mask, T, 0) for p in parts])
+                      if any(p.context_mask is not None for p in parts) else None),
+        episodes={k: [v for p in parts for v in p.episodes[k]] for k in parts[0].episodes},
     )

@@ -27,10 +27,11 @@ from typing import Callable
 import torch
 
 from grpo import build, distributed, resume
-from grpo.advantages import ADVANTAGES, groups_with_contrast
+from grpo.advantages import ADVANTAGES, groups_with_contrast, process_supervision
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
+from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
 from grpo.metrics import everyones_rows, metrics_line, sample_records, step_metrics
@@ -72,9 +73,12 @@ class TrainingError(RuntimeError):
 
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
+          tools: list[Callable] | None = None, environment: Callable[[], object] | None = None,
           log: Callable[[str], None] = print, write_files: bool = True) -> RunResult:
     """Cold start (if `sft_steps`), then `steps` GRPO steps; returns the policy and every metric.
-    With `resume`, continues a stopped run from its checkpoint instead (`resume.py`)."""
+    With `resume`, continues a stopped run from its checkpoint instead (`resume.py`).
+    `tools` (functions) and `environment` (a zero-argument factory) add to or stand for the
+    config's `tools` and `environment` keys: the run samples multi-turn episodes."""
     c = config
     if c.run.threads:
         torch.set_num_threads(c.run.threads)
@@ -88,7 +92,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
-    data = build.load_data(c, reward_fns)
+    data = build.load_data(c, reward_fns, tools=tools, environment=environment)
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
     distributed.broadcast_parameters(policy, world)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
@@ -233,6 +237,14 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
     """The HF sampler on the policy itself, or a colocated vLLM engine loaded from the same
     weights (`vllm_sampler.py`)."""
     s = c.sampling
+    agent = build.agent_of(c)
+    if agent is not None:
+        if s.sampler != "hf":
+            raise build.ConfigError("config key 'sampler': multi-turn episodes (tools or an "
+                                    "environment) sample with sampler=hf")
+        return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
+                              call_format=agent.call_format, make_env=agent.make_env,
+                              temperature=s.temperature, top_p=s.top_p)
     if s.sampler == "hf":
         return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
                          temperature=s.temperature, top_p=s.top_p)
@@ -267,7 +279,11 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
                                        rollout.completion_mask, c.loss.beta, c.loss.kl_estimator)
         extra["kl_reward/mean"] = torch.nanmean(rollout.rewards - rewards).item()
     # 3. advantages
-    rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
+    if data.agent is not None and data.agent.turn_rewards:
+        rollout.advantages = turn_advantages(rollout, rewards, c.loss.advantage_eps)
+    else:
+        rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids,
+                                                          c.loss.advantage_eps)
     if c.loss.mask_truncated:
         rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
     is_weights = None
@@ -291,6 +307,22 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     metrics["update/skipped_steps"] = learner.skipped_total
     metrics["data/skipped_long_prompts"] = data.skipped_long_prompts
     return rollout, metrics
+
+
+def turn_advantages(rollout: Rollout, rewards: torch.Tensor, eps: float) -> torch.Tensor:
+    """Process supervision over turns (advantages.process_supervision): each turn's reward from
+    the environment (0 where it gave none), the reward functions' total added to the last turn.
+    The environment's episode reward is already inside `rewards`, so it is not counted twice."""
+    e = rollout.episodes
+    per_turn, ends = [], []
+    for i in range(len(rollout)):
+        turn = [0.0 if r is None else float(r) for r in e["turn_rewards"][i]] or [0.0]
+        outcome = float(rewards[i]) if not math.isnan(float(rewards[i])) else 0.0
+        env_total = e["env_reward"][i] or 0.0
+        turn[-1] += outcome - env_total
+        per_turn.append(turn)
+        ends.append(e["turn_ends"][i][:len(turn)] or [int(rollout.completion_mask[i].sum()) - 1])
+    return process_supervision(per_turn, ends, rollout.group_ids, rollout.completion_ids.shape[1], eps)
 
 
 def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
@@ -361,10 +393,12 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
         # The draws for every row of the whole batch, from (seed, step, round): a completion is the
         # same whichever process samples it, so N processes reproduce one.
         draws = torch.Generator().manual_seed(hash((c.run.seed, step, rounds)) & 0x7FFFFFFF)
-        uniforms = torch.rand(len(rows) * G, c.sampling.max_new_tokens, generator=draws)
+        uniforms = torch.rand(len(rows) * G, sampler.max_new_tokens, generator=draws)
         rows, uniforms = world.share(rows), uniforms[world.rows(len(rows) * G)]
         t0 = time.perf_counter()
-        part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms)
+        with_rows = {"rows": rows} if isinstance(sampler, EpisodeSampler) else {}
+        part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms,
+                              **with_rows)
         part.columns = columns_of(rows, G)
         t1 = time.perf_counter()
         score_rollout(c, part, data)
@@ -390,10 +424,15 @@ def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
     totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
                                            rollout.completions, rollout.columns,
                                            on_error=c.reward.reward_on_error)
+    if rollout.episodes and data.agent is not None and data.agent.make_env is not None:
+        # the environment's own episode reward is one more component (0 when it gave none)
+        env = [0.0 if r is None else r for r in rollout.episodes["env_reward"]]
+        rollout.rewards_per_fn["environment"] = env
+        totals = [None if t is None else t + r for t, r in zip(totals, env)]
     if c.loss.overlong_buffer > 0:
-        penalty = overlong_penalty(rollout.completion_mask.sum(-1).tolist(), c.sampling.max_new_tokens,
-                                   round(c.loss.overlong_buffer * c.sampling.max_new_tokens),
-                                   c.loss.overlong_penalty)
+        budget = data.agent.limits.episode_tokens if data.agent else c.sampling.max_new_tokens
+        penalty = overlong_penalty(rollout.completion_mask.sum(-1).tolist(), budget,
+                                   round(c.loss.overlong_buffer * budget), c.loss.overlong_penalty)
         rollout.rewards_per_fn["overlong"] = penalty
         totals = [None if t is None else t + p for t, p in zip(totals, penalty)]
     rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
@@ -414,8 +453,9 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None
     if not data.demonstrations:
         raise build.ConfigError("config key 'sft_steps' asks for a cold start, but the dataset has "
                                 "no 'completion' column to imitate; set sft_steps=0")
-    prompts = build.prompt_texts(c, tokenizer, [{"prompt": p} for p, _ in data.demonstrations])
-    pairs = list(zip(prompts, [comp for _, comp in data.demonstrations]))
+    prompts = build.prompt_texts(c, tokenizer, [{"prompt": p} for p, _, _ in data.demonstrations])
+    pairs = [(prompt + context, target)
+             for prompt, (_, context, target) in zip(prompts, data.demonstrations)]
 
     with Progress("cold start", c.run.sft_steps, log, every=10) as bar:
         supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,

@@ -26,7 +26,7 @@ def length_batches(rollout: Rollout, max_rows: int, max_tokens: int = 0) -> list
     are fixed for the whole step beforehand, so the grouping changes only the summation order.
     """
     prompt_len = rollout.prompt_mask.sum(-1).tolist()
-    completion_len = rollout.completion_mask.sum(-1).tolist()
+    completion_len = rollout.real_mask.sum(-1).tolist()
     order = sorted(range(len(rollout)), key=lambda i: (completion_len[i], prompt_len[i]))
     batches: list[list[int]] = []
     batch: list[int] = []
@@ -76,7 +76,8 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
     for rows in length_batches(rollout, micro_batch_size, token_budget(max_tokens, model)):
         part = rollout.rows(rows).trimmed().to(device)
         logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
-                                 part.completion_ids.shape[1], temperature=part.temperature)
+                                 part.completion_ids.shape[1], temperature=part.temperature,
+                                 completion_mask=part.completion_mask)
         out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
     return out * rollout.completion_mask
 
@@ -145,7 +146,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         part = needed.rows(rows).trimmed().to(device)
         T = part.completion_ids.shape[1]
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
-                                       with_entropy=True, temperature=part.temperature)
+                                       with_entropy=True, temperature=part.temperature,
+                                       completion_mask=part.completion_mask)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
                                   part.tokens_in_loss, weights[rows][:, :T].to(device),

@@ -1,7 +1,8 @@
 """Built-in procedural tasks with verifiable answers and fixed train and held-out splits.
 
-A task yields rows: {"prompt": str, "answer": str, ...columns}; its demonstrations (prompt,
-completion) feed the cold start; it names its own reward functions.
+A task yields rows: {"prompt": str, "answer": str, ...columns}; its demonstrations feed the cold
+start (a completion, or for an agent task a list of (context, completion) turns); it names its
+own reward functions, and an agent task its tools.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grpo.tasks.addition import AdditionTask
+from grpo.tasks.calculator import CalculatorTask
 from grpo.tasks.countdown import CountdownTask
 from grpo.tasks.largest import LargestTask
 
@@ -26,6 +28,8 @@ TASKS: dict[str, TaskSpec] = {
     "largest": TaskSpec("largest", LargestTask, "the largest of four distinct digits"),
     "countdown": TaskSpec("countdown", CountdownTask,
                           "reach a target from three numbers with + - * /, each used once"),
+    "calculator": TaskSpec("calculator", CalculatorTask,
+                           "a three-digit times a two-digit number, with a calculator tool"),
 }
 
 

@@ -1,0 +1,127 @@
+"""Environments: stateful episodes a policy acts in, turn by turn.
+
+The protocol (any object with these two methods; one is created per episode):
+
+    reset(row: dict) -> str | None
+        Start from the dataset row (its columns, `prompt` and `answer` included); return the
+        first observation, placed after the prompt, or None.
+    step(action: str) -> Step | tuple
+        The text the model wrote this turn; return Step(observation, reward, done), or a tuple
+        of those three: the next observation (None or "" for none), this turn's reward (None for
+        none) and whether the episode is over.
+
+Its other public methods with type hints and a docstring are tools of the episode, bound to this
+episode's state: a turn that calls one is answered by the method's result, and `step` sees only
+turns without calls. Without an environment (`environment=` empty) an episode is the tool loop:
+a turn with calls is answered with their results, a turn without ends the episode.
+
+Environments are user code: `reset` and `step` run with a deadline; an error or an overrun in
+`step` is shown to the model as the observation and counted, one in `reset` stops with an error
+that names the row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class EnvironmentError_(RuntimeError):
+    """An environment that cannot start an episode; the message names the row."""
+
+
+@dataclass
+class Step:
+    observation: str | None = None
+    reward: float | None = None
+    done: bool = False
+
+
+def as_step(value) -> Step:
+    if isinstance(value, Step):
+        return value
+    if isinstance(value, tuple) and len(value) == 3:
+        return Step(*value)
+    raise TypeError(f"step() must return Step(observation, reward, done) or a 3-tuple, got "
+                    f"{type(value).__name__}")
+
+
+def with_deadline(fn: Callable, deadline_s: float, *args) -> tuple[Any, str | None]:
+    """(result, None), or (None, what went wrong): an exception or an overrun."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - user code
+            box["error"] = f"{type(e).__name__}: {e}"
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        return None, f"did not answer within {deadline_s:g} s"
+    return box.get("value"), box.get("error")
+
+
+def public_methods(env) -> dict[str, Callable]:
+    """The environment's methods that are tools: public, not reset/step, documented."""
+    out = {}
+    for name, member in inspect.getmembers(env, callable):
+        if name.startswith("_") or name in ("reset", "step") or not inspect.ismethod(member):
+            continue
+        out[name] = member
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A built-in stateful environment
+
+class GuessNumber:
+    """Guess a secret number from 1 to `high` in few turns: after each guess the environment
+    answers `higher`, `lower` or `correct`. What it answers depends on every earlier guess only
+    through the secret, and the reward is given when the guess is right: 1, less 0.1 a turn."""
+
+    def __init__(self, high: int = 16, seed: int | None = None):
+        self.high, self.rng = high, random.Random(seed)
+        self.secret, self.turns = 0, 0
+
+    def reset(self, row: dict) -> str | None:
+        secret = row.get("secret")
+        self.secret = int(secret) if secret is not None else self.rng.randint(1, self.high)
+        self.turns = 0
+        return None
+
+    def step(self, action: str) -> Step:
+        self.turns += 1
+        digits = "".join(ch for ch in action if ch.isdigit())
+        if not digits:
+            return Step("say a number", 0.0, False)
+        guess = int(digits[-6:])
+        if guess == self.secret:
+            return Step(None, max(0.0, 1.0 - 0.1 * (self.turns - 1)), True)
+        return Step("higher" if guess < self.secret else "lower", 0.0, False)
+
+
+ENVIRONMENTS: dict[str, Callable[[], Any]] = {"guess_number": GuessNumber}
+
+
+def environment_factory(name: str) -> Callable[[], Any] | None:
+    """A zero-argument factory: a built-in name, or `module:ClassOrFunction`; empty -> None."""
+    if not name:
+        return None
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise EnvironmentError_(f"environment '{name}': cannot import it ({e})") from None
+        return factory
+    raise EnvironmentError_(f"unknown environment '{name}'; built-ins are {sorted(ENVIRONMENTS)}, "
+                            "or give your own as module:Class")

@@ -1,0 +1,324 @@
+"""Multi-turn episodes: the policy writes a turn, tools or an environment answer, and so on.
+
+An episode is kept as token ids from the first prompt token to the last (token in, token out):
+what the model generated and what tools and environments answered, each tokenized once and
+appended, never re-tokenized from text. The result is an ordinary `Rollout` whose completion is
+every token after the prompt, `completion_mask` on the policy's tokens and `context_mask` on all
+(rollout.py), so every advantage estimator, loss and aggregation works on it unchanged.
+
+A group's episodes advance together, turn by turn, on one KV cache (decoder.Decoder):
+
+    prefill the prompts once per group                         decoder.start
+    for each turn:
+        decode one token per row until every row ended its turn  decoder.step
+            (a row that ended waits: its slots are invisible and its position stays)
+        each row: the turn's text -> tool calls (tools.py) or env.step (environments.py)
+        rows whose episode is over leave the cache                decoder.keep
+        the answers, right-padded, go into the cache at once      decoder.extend
+            (a turn costs its new tokens, never a new prefill of the history)
+
+A turn ends at EOS, at the call format's closing tag (`</call>`, `</tool_call>`), or at
+`turn_tokens`; an episode ends when the environment says so, when a turn without a call has no
+environment to answer it, after `max_turns`, or at `episode_tokens`. An episode cut by a limit is
+`truncated`, handled like a truncated completion (`mask_truncated`, overlong shaping).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from grpo import decoder
+from grpo.environments import EnvironmentError_, as_step, public_methods, with_deadline
+from grpo.rollout import Rollout
+from grpo.sampling import draw, eos_ids
+from grpo.tools import FORMATS, CallFormat, Tool, make_tool, run_call
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4              # model turns per episode
+    turn_tokens: int = 64           # tokens the model writes in one turn
+    episode_tokens: int = 512       # every token after the prompt, model's and environment's
+    observation_tokens: int = 256   # an answer longer than this is cut
+    deadline_s: float = 5.0         # per tool call, env.reset and env.step
+
+
+@dataclass
+class Episode:
+    row: dict
+    env: Any
+    tools: dict[str, Tool]
+    ids: list[int] = field(default_factory=list)        # every token after the prompt
+    policy: list[bool] = field(default_factory=list)    # which of them the policy wrote
+    logprobs: list[float] = field(default_factory=list)
+    turn_start: int = 0
+    turn_ends: list[int] = field(default_factory=list)  # index of each turn's last policy token
+    turn_rewards: list = field(default_factory=list)    # the environment's reward per turn, or None
+    drawn: int = 0                                      # policy tokens drawn (index into uniforms)
+    done: bool = False
+    truncated: bool = False
+    tool_calls: int = 0
+    tool_failures: int = 0
+    env_failures: int = 0
+
+    def add(self, tokens: list[int], by_policy: bool, logprobs: list[float] | None = None) -> None:
+        self.ids += tokens
+        self.policy += [by_policy] * len(tokens)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+
+def episode_tools(env, tools: dict[str, Tool]) -> dict[str, Tool]:
+    """The run's tools plus the environment's public methods, bound to this episode."""
+    own = dict(tools)
+    if env is not None:
+        for name, method in public_methods(env).items():
+            own[name] = make_tool(method, name)
+    return own
+
+
+def respond(ep: Episode, text: str, fmt: CallFormat, deadline_s: float) -> str | None:
+    """What answers the turn `text`: the results of its tool calls, else the environment's step,
+    else nothing (the episode ends). Sets ep.done and records the turn's reward."""
+    calls = fmt.parse(text, ep.tools)
+    if calls:
+        results = []
+        for call in calls:
+            outcome = run_call(call, ep.tools, deadline_s)
+            ep.tool_calls += 1
+            ep.tool_failures += outcome.failed
+            results.append(fmt.result(outcome.text))
+        ep.turn_rewards.append(None)
+        return "".join(results)
+    if ep.env is None:
+        ep.turn_rewards.append(None)
+        ep.done = True
+        return None
+    value, error = with_deadline(ep.env.step, deadline_s, text)
+    if error is None:
+        try:
+            step = as_step(value)
+        except TypeError as e:
+            error = str(e)
+    if error is not None:
+        ep.env_failures += 1
+        ep.turn_rewards.append(None)
+        return f"error: the environment failed ({error})"
+    ep.turn_rewards.append(None if step.reward is None else float(step.reward))
+    ep.done = bool(step.done)
+    return step.observation or None
+
+
+def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], group_size: int, *,
+                    make_env: Callable[[], Any] | None, tools: dict[str, Tool], call_format: str,
+                    limits: EpisodeLimits, temperature: float = 1.0, top_p: float = 1.0,
+                    greedy: bool = False, uniforms: torch.Tensor | None = None) -> Rollout:
+    """`group_size` episodes for each prompt [B] (row i of the dataset with it): a Rollout of
+    N = B * group_size rows. `uniforms` [N, >= episode_tokens] fix the draws, as for one turn."""
+    if not decoder.supports(model):
+        raise ValueError("multi-turn episodes run on the lean decoder (Llama, Qwen2 and Mistral "
+                         "architectures without a sliding window); this model is not one")
+    from transformers.generation.logits_process import TopPLogitsWarper
+    fmt = FORMATS[call_format]
+    device = next(model.parameters()).device
+    eos = eos_ids(tokenizer.eos_token_id, device)
+    top_p_warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    G, N = group_size, len(prompts) * group_size
+    episodes = [start_episode(rows[i // G], make_env, tools, limits) for i in range(N)]
+    lean = decoder.Decoder(model)
+    was_training = model.training
+    model.eval()
+    try:
+        logits, state = lean.start(enc.input_ids.to(device), enc.attention_mask.to(device),
+                                   limits.turn_tokens, repeat=G)
+        batch = list(range(N))                      # cache row -> episode
+        first = [tokenizer(ep.row.get("_observation") or "", add_special_tokens=False).input_ids
+                 for ep in episodes]
+        logits = _append(lean, state, logits, batch, episodes, first, tokenizer, limits)
+        for turn in range(limits.max_turns):
+            if not batch:
+                break
+            logits = _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt, eos, limits,
+                                 temperature, top_p_warper, greedy, uniforms)
+            answers = []
+            for i in batch:
+                ep = episodes[i]
+                if ep.done:
+                    answers.append(None)
+                    continue
+                text = tokenizer.decode(ep.ids[ep.turn_start:], skip_special_tokens=True)
+                answers.append(respond(ep, text, fmt, limits.deadline_s))
+                if turn + 1 == limits.max_turns and not ep.done:
+                    ep.done = ep.truncated = True          # out of turns
+            keep = [r for r, i in enumerate(batch) if not episodes[i].done]
+            if len(keep) < len(batch):
+                index = torch.tensor(keep, dtype=torch.long, device=device)
+                lean.keep(state, index)
+                logits = logits[index]
+                answers = [answers[r] for r in keep]
+                batch = [batch[r] for r in keep]
+            tokens = [tokenizer(a, add_special_tokens=False).input_ids if a else [] for a in answers]
+            logits = _append(lean, state, logits, batch, episodes, tokens, tokenizer, limits)
+    finally:
+        model.train(was_training)
+    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature if not greedy else 1.0)
+
+
+def start_episode(row: dict, make_env, tools: dict[str, Tool], limits: EpisodeLimits) -> Episode:
+    env = make_env() if make_env is not None else None
+    row = dict(row)
+    if env is not None:
+        value, error = with_deadline(env.reset, limits.deadline_s, row)
+        if error is not None:
+            number = row.get("_row")
+            where = f"row {number + 1}" if isinstance(number, int) else "a row"
+            raise EnvironmentError_(f"environment {type(env).__name__}: reset failed on {where} "
+                                    f"({error})")
+        row["_observation"] = value if isinstance(value, str) else None
+    return Episode(row=row, env=env, tools=episode_tools(env, tools))
+
+
+def _append(lean, state, logits, batch, episodes, tokens: list[list[int]], tokenizer,
+            limits: EpisodeLimits) -> torch.Tensor:
+    """Put each row's answer tokens (cut to fit) into the episode and the cache at once; rows
+    that get none keep their logits."""
+    room = []
+    for i, ids in zip(batch, tokens):
+        ep = episodes[i]
+        left = limits.episode_tokens - len(ep.ids)
+        cut = ids[:min(limits.observation_tokens, max(0, left))]
+        if len(cut) < len(ids) and len(cut) == max(0, left):
+            ep.truncated = True                      # the episode's budget is spent
+        ep.add(cut, by_policy=False)
+        ep.turn_start = len(ep.ids)
+        room.append(cut)
+    width = max((len(t) for t in room), default=0)
+    if width == 0:
+        return logits
+    device = logits.device
+    ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long, device=device)
+    valid = torch.zeros(len(batch), width, dtype=torch.bool, device=device)
+    for r, t in enumerate(room):
+        ids[r, :len(t)] = torch.tensor(t, dtype=torch.long)
+        valid[r, :len(t)] = True
+    new = lean.extend(ids, valid, state)
+    has = valid.any(-1)
+    return torch.where(has[:, None], new, logits)
+
+
+def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat, eos, limits,
+                temperature, top_p_warper, greedy, uniforms) -> torch.Tensor:
+    """Decode one turn for every row in the batch; rows that end early wait for the others."""
+    device = logits.device
+    n = len(batch)
+    in_turn = torch.tensor([not episodes[i].done for i in batch], device=device)
+    stop_len = len(tokenizer(fmt.stop, add_special_tokens=False).input_ids) + 4
+    while bool(in_turn.any()):
+        scores = logits.float()
+        if not greedy and temperature != 1.0:
+            scores = scores / temperature
+        if top_p_warper is not None:
+            scores = top_p_warper(None, scores)
+        u = None
+        if uniforms is not None and not greedy:
+            index = torch.tensor([min(episodes[i].drawn, uniforms.shape[1] - 1) for i in batch])
+            u = uniforms[torch.tensor(batch), index, None].to(device)
+        chosen, lse = draw(scores, greedy, u)
+        chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1)
+        chosen = chosen.masked_fill(~in_turn, tokenizer.pad_token_id)
+        ended = torch.zeros(n, dtype=torch.bool, device=device)
+        for r, i in enumerate(batch):
+            if not in_turn[r]:
+                continue
+            ep = episodes[i]
+            token = int(chosen[r])
+            ep.add([token], by_policy=True, logprobs=[float(chosen_logp[r])])
+            ep.drawn += 1
+            turn = ep.ids[ep.turn_start:]
+            if bool(torch.isin(chosen[r:r + 1], eos)):
+                ended[r] = True
+            elif tokenizer.decode(turn[-stop_len:], skip_special_tokens=True).endswith(fmt.stop):
+                ended[r] = True
+            elif len(ep.ids) >= limits.episode_tokens or len(turn) >= limits.turn_tokens:
+                ended[r] = True
+                ep.done = ep.truncated = True       # cut mid-turn: the episode is truncated
+            if ended[r]:
+                ep.turn_ends.append(len(ep.ids) - 1)
+        valid = in_turn.clone()
+        in_turn = in_turn & ~ended
+        logits = lean.step(chosen, state, valid=valid)
+    return logits
+
+
+def _to_rollout(episodes: list[Episode], prompts: list[str], enc, G: int, tokenizer,
+                temperature: float) -> Rollout:
+    N = len(episodes)
+    T = max(1, max(len(ep.ids) for ep in episodes))
+    pad = tokenizer.pad_token_id
+    completion_ids = torch.full((N, T), pad, dtype=torch.long)
+    completion_mask = torch.zeros(N, T, dtype=torch.long)
+    context_mask = torch.zeros(N, T, dtype=torch.long)
+    sampler_logprobs = torch.zeros(N, T)
+    for i, ep in enumerate(episodes):
+        n = len(ep.ids)
+        completion_ids[i, :n] = torch.tensor(ep.ids, dtype=torch.long)
+        completion_mask[i, :n] = torch.tensor(ep.policy, dtype=torch.long)
+        context_mask[i, :n] = 1
+        sampler_logprobs[i, :n] = torch.tensor(ep.logprobs)
+    texts, spans = [], []
+    for ep in episodes:     # the text, run by run, with [start, end, "policy" | "env"] offsets
+        text, marks, start = "", [], 0
+        for end in range(1, len(ep.ids) + 1):
+            if end == len(ep.ids) or ep.policy[end] != ep.policy[start]:
+                piece = tokenizer.decode(ep.ids[start:end], skip_special_tokens=True)
+                marks.append([len(text), len(text) + len(piece), "policy" if ep.policy[start] else "env"])
+                text += piece
+                start = end
+        texts.append(text)
+        spans.append(marks)
+    rewards = [[r for r in ep.turn_rewards if r is not None] for ep in episodes]
+    return Rollout(
+        prompts=[p for p in prompts for _ in range(G)], completions=texts,
+        group_ids=torch.arange(len(prompts)).repeat_interleave(G),
+        prompt_ids=enc.input_ids.repeat_interleave(G, dim=0),
+        prompt_mask=enc.attention_mask.repeat_interleave(G, dim=0),
+        completion_ids=completion_ids, completion_mask=completion_mask,
+        sampler_logprobs=sampler_logprobs * completion_mask,
+        truncated=torch.tensor([ep.truncated for ep in episodes]),
+        temperature=temperature, context_mask=context_mask,
+        episodes={
+            "turns": [len(ep.turn_ends) for ep in episodes],
+            "turn_ends": [list(ep.turn_ends) for ep in episodes],
+            "turn_rewards": [list(ep.turn_rewards) for ep in episodes],
+            "env_reward": [sum(r) if r else None for r in rewards],
+            "tool_calls": [ep.tool_calls for ep in episodes],
+            "tool_failures": [ep.tool_failures for ep in episodes],
+            "env_failures": [ep.env_failures for ep in episodes],
+            "spans": spans,
+        })
+
+
+class EpisodeSampler:
+    """The `Sampler` of multi-turn runs: HFSampler's interface, with the rows for the
+    environments and the episode's limits, tools and call format."""
+
+    def __init__(self, model, tokenizer, *, limits: EpisodeLimits, tools: dict[str, Tool],
+                 call_format: str, make_env: Callable[[], Any] | None, temperature: float = 1.0,
+                 top_p: float = 1.0):
+        self.model, self.tokenizer, self.limits = model, tokenizer, limits
+        self.tools, self.call_format, self.make_env = tools, call_format, make_env
+        self.temperature, self.top_p = temperature, top_p
+        self.max_new_tokens = limits.episode_tokens
+
+    def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
+               uniforms: torch.Tensor | None = None, rows: list[dict] | None = None) -> Rollout:
+        rows = rows if rows is not None else [{} for _ in prompts]
+        return sample_episodes(self.model, self.tokenizer, prompts, rows, group_size,
+                               make_env=self.make_env, tools=self.tools,
+                               call_format=self.call_format, limits=self.limits,
+                               temperature=self.temperature, top_p=self.top_p, greedy=greedy,
+                               uniforms=uniforms)

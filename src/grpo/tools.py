@@ -1,0 +1,302 @@
+"""Tools a policy can call in an episode: any Python function with type hints and a docstring.
+
+A tool's JSON schema (the shape chat templates take in `apply_chat_template(..., tools=...)`) comes
+from its signature and docstring; a parameter whose type cannot be said in JSON stops the run at
+start, naming it. Calls are found in what the model wrote by a parser:
+
+- `hermes` (Qwen2.5, Hermes, many instruct models): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
+  results go back as `<tool_response>...</tool_response>` (or through the chat template's `tool` role);
+- `plain` (the tiny models and the demo): `<call>NAME ARGUMENTS</call>`, ARGUMENTS a JSON object, or
+  the text itself for a tool of one parameter; results go back as `<result>...</result>`.
+
+Tools are user code: every call runs with a deadline in a worker thread; an exception, a bad call or
+an overrun becomes the text the model sees as the result, and is counted. Built-ins: `calculator`
+(arithmetic, no names, no calls) and `python` (a program in the code sandbox, its output capped).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import operator
+import re
+import threading
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class ToolError(ValueError):
+    """A tool that cannot be offered to the model; the message names it and the parameter."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    fn: Callable
+    schema: dict                        # {"type": "function", "function": {name, description, parameters}}
+
+    @property
+    def parameters(self) -> list[str]:
+        return list(self.schema["function"]["parameters"]["properties"])
+
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
+
+
+def _json_type(hint, where: str) -> dict:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    if origin in (list, tuple) or hint in (list, tuple):
+        return {"type": "array", **({"items": _json_type(args[0], where)} if args else {})}
+    if origin is dict or hint is dict:
+        return {"type": "object"}
+    if origin is typing.Literal:
+        return {"type": _JSON_TYPES.get(type(args[0]), "string"), "enum": list(args)}
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) == 1:
+            return {**_json_type(kinds[0], where), "nullable": True}
+    raise ToolError(f"{where}: type {hint!r} has no JSON schema; use int, float, str, bool, list, "
+                    "dict, Literal or Optional of these")
+
+
+def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
+    """The description (first paragraph) and parameter descriptions from an `Args:` section."""
+    doc = inspect.cleandoc(doc or "")
+    description = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    params: dict[str, str] = {}
+    match = re.search(r"^(?:Args|Arguments|Parameters):\s*\n(.*?)(?:\n\s*\n|\Z)", doc, re.S | re.M)
+    if match:
+        for line in match.group(1).splitlines():
+            m = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)", line)
+            if m:
+                params[m.group(1)] = m.group(2).strip()
+    return description, params
+
+
+def make_tool(fn: Callable, name: str | None = None) -> Tool:
+    """A Tool from a function (or bound method) with type hints and a docstring."""
+    name = name or getattr(fn, "__name__", None) or type(fn).__name__
+    where = f"tool '{name}'"
+    if not (fn.__doc__ or "").strip():
+        raise ToolError(f"{where}: it has no docstring; the model is told what a tool does from "
+                        "its docstring's first paragraph")
+    description, param_docs = _docstring_parts(fn.__doc__)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as e:  # noqa: BLE001 - an unresolvable annotation
+        raise ToolError(f"{where}: its type hints cannot be read ({e})") from None
+    properties, required = {}, []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ToolError(f"{where}: parameter '{p.name}' is *args or **kwargs, which a JSON "
+                            "schema cannot describe; name each parameter")
+        if p.name not in hints:
+            raise ToolError(f"{where}: parameter '{p.name}' has no type hint")
+        properties[p.name] = {**_json_type(hints[p.name], f"{where}, parameter '{p.name}'"),
+                              **({"description": param_docs[p.name]} if p.name in param_docs else {})}
+        if p.default is p.empty:
+            required.append(p.name)
+    schema = {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return Tool(name, fn, schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calls in what the model wrote
+
+@dataclass
+class Call:
+    name: str
+    arguments: dict = field(default_factory=dict)
+    error: str | None = None            # a malformed call: what was wrong, told to the model
+
+
+def parse_hermes(text: str, tools: dict[str, Tool]) -> list[Call]:
+    calls = []
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+        try:
+            data = json.loads(body.strip())
+            name, arguments = data["name"], data.get("arguments", {})
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            if not isinstance(arguments, dict):
+                raise ValueError("arguments must be a JSON object")
+            calls.append(Call(str(name), arguments))
+        except (ValueError, KeyError, TypeError) as e:
+            calls.append(Call("", error=f"malformed tool call ({type(e).__name__}: {e}); write "
+                                         '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'))
+    return calls
+
+
+def parse_plain(text: str, tools: dict[str, Tool]) -> list[Call]:
+    calls = []
+    for body in re.findall(r"<call>(.*?)</call>", text, re.S):
+        name, _, rest = body.strip().partition(" ")
+        rest = rest.strip()
+        tool = tools.get(name)
+        if rest.startswith("{"):
+            try:
+                arguments = json.loads(rest)
+                if not isinstance(arguments, dict):
+                    raise ValueError("not an object")
+                calls.append(Call(name, arguments))
+                continue
+            except ValueError:
+                pass
+        if tool is not None and len(tool.parameters) == 1:
+            calls.append(Call(name, {tool.parameters[0]: rest}))
+        elif tool is not None and not tool.parameters and not rest:
+            calls.append(Call(name, {}))
+        elif tool is None:
+            calls.append(Call(name))          # unknown: said so when it runs
+        else:
+            calls.append(Call(name, error=f"malformed call of {name}: give its arguments as a JSON "
+                                          f"object with {tool.parameters}"))
+    return calls
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    parse: Callable[[str, dict], list[Call]]
+    stop: str                             # a turn that ends with this string ends in a call
+    result: Callable[[str], str]          # how a result is shown to the model
+
+
+FORMATS = {
+    "hermes": CallFormat(parse_hermes, "</tool_call>",
+                         lambda r: f"\n<tool_response>\n{r}\n</tool_response>\n"),
+    "plain": CallFormat(parse_plain, "</call>", lambda r: f"<result>{r}</result>"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a call
+
+@dataclass
+class Outcome:
+    text: str                # what the model sees
+    failed: bool             # raised, timed out, unknown tool, malformed call
+    kind: str = "ok"         # ok | error | timeout | unknown | malformed
+
+
+def run_call(call: Call, tools: dict[str, Tool], deadline_s: float, max_chars: int = 2000) -> Outcome:
+    """Run one call with a deadline; every failure becomes an Outcome the model reads."""
+    if call.error:
+        return Outcome(f"error: {call.error}", True, "malformed")
+    tool = tools.get(call.name)
+    if tool is None:
+        return Outcome(f"error: unknown tool '{call.name}'; the tools are {sorted(tools)}", True,
+                       "unknown")
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = tool.fn(**call.arguments)
+        except BaseException as e:  # noqa: BLE001 - user code may raise anything
+            box["error"] = f"{type(e).__name__}: {e}"
+
+    worker = threading.Thread(target=target, daemon=True, name=f"tool-{call.name}")
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():     # it keeps its (daemon) thread; the episode moves on without it
+        return Outcome(f"error: {call.name} did not answer within {deadline_s:g} s", True, "timeout")
+    if "error" in box:
+        return Outcome(f"error: {box['error']}"[:max_chars], True, "error")
+    value = box.get("value")
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return Outcome(text[:max_chars], False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in tools
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression with + - * / // % ** and parentheses.
+
+    Args:
+        expression: the expression, such as 3847 * 29 or (2 + 3) ** 2
+    """
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 100:
+                raise ValueError("exponent too large")
+            return _OPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.operand))
+        raise ValueError(f"not arithmetic: {ast.unparse(node)}")
+    result = value(ast.parse(expression.strip(), mode="eval").body)
+    if isinstance(result, float) and result.is_integer() and abs(result) < 2 ** 53:
+        result = int(result)
+    return str(result)
+
+
+def python_tool(limits=None, isolate: bool | None = None) -> Callable:
+    """The `python` tool: run a program in the code sandbox (rewards/sandbox.py), with the same
+    isolation and limits; what it prints comes back, capped."""
+    from grpo.rewards.sandbox import Limits, isolation_level, run_program
+    limits = limits or Limits(timeout_s=5.0, output_kb=8)
+    isolated = isolation_level() == "full" if isolate is None else isolate
+
+    def python(code: str) -> str:
+        """Run a Python program and return what it prints (standard library only, no network).
+
+        Args:
+            code: the program
+        """
+        job = {"nonce": "\x00", "mode": "stdio", "code": code, "inputs": [""],
+               "timeout_s": limits.timeout_s, "output_cap": limits.output_kb << 10,
+               "isolated": isolated}
+        out = run_program(job, limits=limits, isolate=isolated, deadline_s=limits.timeout_s + 2)
+        if out.timed_out:
+            return f"error: the program did not finish within {limits.timeout_s:g} s"
+        lines = [line for line in out.stdout.split("\n") if line.startswith("\x00")]
+        try:
+            result = json.loads(lines[-1][1:])["results"][0]
+        except (IndexError, KeyError, ValueError):
+            return "error: the program could not be run"
+        return result.get("out", f"error: {result.get('error', 'failed')}")
+    return python
+
+
+BUILTIN_TOOLS: dict[str, Callable[[], Callable]] = {
+    "calculator": lambda: calculator,
+    "python": python_tool,
+}
+
+
+def resolve_tools(specs: list) -> dict[str, Tool]:
+    """Tools by name: built-ins, `module:function`, or callables (from Python)."""
+    import importlib
+    tools: dict[str, Tool] = {}
+    for spec in specs:
+        if callable(spec):
+            tool = make_tool(spec)
+        elif spec in BUILTIN_TOOLS:
+            tool = make_tool(BUILTIN_TOOLS[spec](), spec)
+        elif isinstance(spec, str) and ":" in spec:
+            module_name, _, attr = spec.partition(":")
+            try:
+                fn = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as e:
+                raise ToolError(f"tool '{spec}': cannot import it ({e})") from None
+            tool = make_tool(fn)
+        else:
+            raise ToolError(f"unknown tool '{spec}'; built-ins are {sorted(BUILTIN_TOOLS)}, or give "
+                            "your own as module:function")
+        if tool.name in tools:
+            raise ToolError(f"two tools are named '{tool.name}'")
+        tools[tool.name] = tool
+    return tools

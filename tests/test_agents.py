@@ -1,0 +1,249 @@
+"""Multi-turn episodes with tools and environments: schemas, parsing, failures, and the exactness
+of the token-in token-out trajectory (cache continuation, masks, loss)."""
+
+import time
+from typing import Literal, Optional
+
+import pytest
+import torch
+
+from grpo.environments import GuessNumber, Step
+from grpo.episodes import EpisodeLimits, sample_episodes
+from grpo.loss import AGGREGATIONS, policy_loss
+from grpo.models import build_tiny, load_policy, load_tokenizer, token_logprobs
+from grpo.tools import (Call, ToolError, calculator, make_tool, parse_hermes, parse_plain,
+                        resolve_tools, run_call)
+
+
+# ---- Tools: schemas from signatures and docstrings ---------------------------------------------
+
+def lookup(city: str, days: int = 1, unit: Literal["c", "f"] = "c", note: Optional[str] = None) -> str:
+    """Look up the weather.
+
+    Args:
+        city: where
+        days (int): how many days ahead
+    """
+    return f"{city}:{days}{unit}"
+
+
+def test_a_schema_from_the_signature_and_docstring():
+    assert make_tool(lookup).schema == {"type": "function", "function": {
+        "name": "lookup", "description": "Look up the weather.",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "where"},
+            "days": {"type": "integer", "description": "how many days ahead"},
+            "unit": {"type": "string", "enum": ["c", "f"]},
+            "note": {"type": "string", "nullable": True}}}}}
+
+
+def no_hint(x) -> str:
+    """Doc."""
+
+
+def star(*numbers: int) -> int:
+    """Doc."""
+
+
+def odd_type(x: complex) -> str:
+    """Doc."""
+
+
+def undocumented(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("fn,message", [
+    (no_hint, "tool 'no_hint': parameter 'x' has no type hint"),
+    (star, "tool 'star': parameter 'numbers' is \\*args or \\*\\*kwargs"),
+    (odd_type, "tool 'odd_type', parameter 'x': type .*complex.* has no JSON schema"),
+    (undocumented, "tool 'undocumented': it has no docstring"),
+])
+def test_a_tool_that_cannot_become_a_schema_is_refused_naming_the_parameter(fn, message):
+    with pytest.raises(ToolError, match=message):
+        make_tool(fn)
+
+
+def test_refused_at_start_through_the_config(tmp_path, monkeypatch):
+    import sys
+    from grpo.build import ConfigError, load_data
+    from grpo.config import build_config
+    (tmp_path / "mytools.py").write_text("def bad(x):\n    '''Doc.'''\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("mytools", None)
+    with pytest.raises(ConfigError, match="config key 'tools': tool 'bad': parameter 'x' has no type hint"):
+        load_data(build_config({"tools": ["mytools:bad"]}))
+
+
+# ---- Calls in the model's text --------------------------------------------------------------------
+
+TOOLS = resolve_tools(["calculator"])
+
+
+def test_plain_and_hermes_calls_are_parsed():
+    assert parse_plain("x<call>calculator 12*3</call>", TOOLS) == [Call("calculator", {"expression": "12*3"})]
+    assert parse_plain('<call>calculator {"expression": "1+1"}</call>', TOOLS) == \
+        [Call("calculator", {"expression": "1+1"})]
+    text = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*2"}}</tool_call>'
+    assert parse_hermes(text, TOOLS) == [Call("calculator", {"expression": "2*2"})]
+    assert parse_hermes('<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1\\"}"}'
+                        '</tool_call>', TOOLS)[0].arguments == {"expression": "1"}
+    malformed = parse_hermes("<tool_call>{not json</tool_call>", TOOLS)
+    assert malformed[0].error and "malformed tool call" in malformed[0].error
+
+
+def boom(x: int) -> int:
+    """Raise."""
+    raise RuntimeError("it broke")
+
+
+def sleepy(seconds: float) -> str:
+    """Sleep."""
+    time.sleep(seconds)
+    return "woke"
+
+
+def test_every_failure_becomes_what_the_model_reads():
+    tools = resolve_tools(["calculator", boom, sleepy])
+    raised = run_call(Call("boom", {"x": 1}), tools, 1.0)
+    assert (raised.failed, raised.kind, raised.text) == (True, "error", "error: RuntimeError: it broke")
+    unknown = run_call(Call("nope", {}), tools, 1.0)
+    assert unknown.kind == "unknown" and "the tools are ['boom', 'calculator', 'sleepy']" in unknown.text
+    bad_args = run_call(Call("calculator", {"expr": "1"}), tools, 1.0)
+    assert bad_args.failed and "TypeError" in bad_args.text
+    started = time.monotonic()
+    hung = run_call(Call("sleepy", {"seconds": 30}), tools, 0.3)
+    assert hung.kind == "timeout" and time.monotonic() - started < 2
+    assert run_call(Call("calculator", {"expression": "(2 + 3) ** 2 - 7 // 2"}), tools, 1.0).text == "22"
+    refused = run_call(Call("calculator", {"expression": "__import__('os').getpid()"}), tools, 1.0)
+    assert refused.failed and "not arithmetic" in refused.text
+
+
+def test_the_python_tool_runs_in_the_sandbox():
+    from grpo.rewards.sandbox import isolation_level
+    if isolation_level() != "full":
+        pytest.skip("needs root for the sandbox")
+    python = resolve_tools(["python"])["python"].fn
+    assert python("print(sum(range(10)))") == "45\n"
+    assert python("import os\nprint(os.getuid() >= 200000)") == "True\n"
+    assert python("while True: pass").startswith("error:")
+
+
+# ---- Episodes on the KV cache: exactness ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def talker(tmp_path_factory):
+    """A tiny model taught to answer one digit and stop, so episodes have several turns."""
+    import random
+    from grpo.sft import supervised_finetune
+    path = build_tiny(tmp_path_factory.mktemp("talker"), hidden_size=64, layers=2, heads=2)
+    tok, model = load_tokenizer(str(path)), load_policy(str(path))
+    rng = random.Random(0)
+    pairs = [(f"guess {rng.randint(0, 9)}:", str(rng.randint(1, 9))) for _ in range(256)]
+    supervised_finetune(model, tok, pairs, steps=30, lr=3e-3, batch_size=32, seed=0)
+    return model, tok
+
+
+class Scripted:
+    """Answers each turn with a fixed observation; done after three turns; reward per turn."""
+    answers = ["higher and higher", "lo", "done"]
+
+    def reset(self, row):
+        self.turn = 0
+        return "start:"
+
+    def step(self, action):
+        self.turn += 1
+        return Step(self.answers[self.turn - 1] if self.turn < 3 else None, 0.5 * self.turn,
+                    self.turn == 3)
+
+
+def test_episode_ids_are_the_turns_concatenated_and_the_cache_matches_a_fresh_forward(talker):
+    model, tok = talker
+    torch.manual_seed(0)
+    r = sample_episodes(model, tok, ["guess 3:", "guess 7:"], [{"_row": 0}, {"_row": 1}], 3,
+                        make_env=Scripted, tools={}, call_format="plain",
+                        limits=EpisodeLimits(max_turns=4, turn_tokens=6, episode_tokens=80))
+    obs = [tok(t, add_special_tokens=False).input_ids for t in ["start:"] + Scripted.answers[:2]]
+    checked = 0
+    for i in range(len(r)):
+        ids = r.completion_ids[i][r.context_mask[i].bool()].tolist()
+        policy = r.completion_mask[i][r.context_mask[i].bool()].bool().tolist()
+        # rebuild the sequence from its parts: observation, turn, observation, turn, ...
+        runs, start = [], 0
+        for end in range(1, len(ids) + 1):
+            if end == len(ids) or policy[end] != policy[start]:
+                runs.append((policy[start], ids[start:end]))
+                start = end
+        env_runs = [t for by_policy, t in runs if not by_policy]
+        assert env_runs == obs[:len(env_runs)]              # each answer tokenized once, as is
+        assert sum(len(t) for _, t in runs) == len(ids)
+        if r.episodes["turns"][i] == 3 and not r.truncated[i]:
+            assert r.episodes["turn_rewards"][i] == [0.5, 1.0, 1.5]
+            assert r.episodes["env_reward"][i] == 3.0
+            checked += 1
+    assert checked >= 1, "no episode ran its three turns; the fixture's model no longer stops"
+    logp, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
+                             completion_mask=r.completion_mask)
+    # The sampler's log-probs came from the cache, turn after turn (answers appended with extend);
+    # a fresh forward over each whole history gives the same numbers.
+    assert (logp - r.sampler_logprobs).abs().max().item() < 1e-5
+    assert ((r.sampler_logprobs != 0) & (r.completion_mask == 0)).sum() == 0
+
+
+def test_a_guess_number_game_depends_on_earlier_guesses():
+    env = GuessNumber(high=16)
+    env.reset({"secret": 11})
+    assert [env.step(g).observation for g in ["8", "12", "x"]] == ["higher", "lower", "say a number"]
+    final = env.step("I say 11")
+    assert final.done and final.reward == pytest.approx(1.0 - 0.1 * 3)
+
+
+def test_an_environment_whose_reset_fails_names_the_row(talker):
+    from grpo.environments import EnvironmentError_
+    model, tok = talker
+
+    class Broken:
+        def reset(self, row):
+            raise KeyError("secret")
+
+        def step(self, action):
+            return Step()
+
+    with pytest.raises(EnvironmentError_, match=r"reset failed on row 8 \(KeyError: 'secret'\)"):
+        sample_episodes(model, tok, ["guess 1:"], [{"_row": 7}], 2, make_env=Broken, tools={},
+                        call_format="plain", limits=EpisodeLimits())
+
+
+def test_the_loss_sees_policy_tokens_only():
+    # Two episodes, T = 6: policy tokens at 0,1 and 4 (row 0), 0..2 (row 1); the rest are the
+    # environment's. The same numbers with the environment's columns removed make a single-turn
+    # batch of T = 3. Loss and gradient must agree, for every aggregation.
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0]])
+    logp = torch.randn(2, 6) * 0.1 - 1
+    old = logp.detach() + torch.randn(2, 6) * 0.05
+    ref = logp.detach() + torch.randn(2, 6) * 0.05
+    adv = torch.tensor([1.5, -0.5])
+    keep = [[0, 1, 4], [0, 1, 2]]
+    compact = lambda x: torch.stack([x[i, k] for i, k in enumerate(keep)])   # noqa: E731
+    for aggregation in AGGREGATIONS:
+        a = logp.clone().requires_grad_()
+        b = compact(logp).clone().requires_grad_()
+        loss_a, _ = policy_loss(a, old, ref, adv, mask, AGGREGATIONS[aggregation](mask, 6),
+                                loss_type="clip", beta=0.04, kl_estimator="k3")
+        ones = torch.ones(2, 3, dtype=torch.long)
+        loss_b, _ = policy_loss(b, compact(old), compact(ref), adv, ones,
+                                AGGREGATIONS[aggregation](ones, 6 if aggregation == "constant" else 3),
+                                loss_type="clip", beta=0.04, kl_estimator="k3")
+        loss_a.backward()
+        loss_b.backward()
+        assert loss_a.item() == pytest.approx(loss_b.item(), abs=1e-7), aggregation
+        assert torch.allclose(compact(a.grad), b.grad, atol=1e-8), aggregation
+        assert a.grad[mask == 0].abs().max() == 0, aggregation
+    # By hand, sequence_mean with beta 0 and ratio 1 (logp = old): the loss is
+    # -(1/2) * (A_0 * 3/3 + A_1 * 3/3) = -(1.5 - 0.5) / 2 = -0.5
+    same = logp.detach().clone().requires_grad_()
+    loss, _ = policy_loss(same, logp.detach(), None, adv, mask, AGGREGATIONS["sequence_mean"](mask, 6),
+                          loss_type="clip", beta=0.0, kl_estimator="k3")
+    assert loss.item() == pytest.approx(-0.5, abs=1e-7)
