@@ -63,6 +63,31 @@ def test_pool_kills_a_call_that_never_returns_and_keeps_going():
         pool.close()
 
 
+def test_a_workers_start_does_not_count_against_the_deadline():
+    from slow_to_import import double    # 1.5 s to import, in each worker too; deadline 0.5 s
+    pool = DeadlinePool(double, workers=2, deadline_s=0.5)
+    try:
+        assert pool.map([(i,) for i in range(4)]) == [0, 2, 4, 6]
+        assert (pool.timeouts, pool.deaths) == (0, 0)
+    finally:
+        pool.close()
+
+
+def test_a_function_no_worker_can_import_is_a_clear_error():
+    pool = DeadlinePool(double_of, workers=1, deadline_s=5)
+    pool.target = "no_such_module_anywhere:double_of"
+    pool._replace(pool._workers[0])
+    try:
+        with pytest.raises(RuntimeError, match="no_such_module_anywhere:double_of.*did not start"):
+            pool.map([(1,)])
+    finally:
+        pool.close()
+
+
+def double_of(x):
+    return 2 * x
+
+
 def sleeps(seconds):
     time.sleep(seconds)
     return seconds
@@ -73,7 +98,10 @@ def test_a_worker_killed_mid_call_is_replaced_and_its_input_unscorable():
     pool = DeadlinePool(sleeps, workers=2, deadline_s=30)
     try:
         def kill_the_slow_one():
-            time.sleep(0.5)
+            until = time.monotonic() + 20
+            while not any(w.job == 0 for w in pool._workers) and time.monotonic() < until:
+                time.sleep(0.05)                      # the call is sent once its worker is up
+            time.sleep(0.3)
             slow = next(w for w in pool._workers if w.job == 0)
             slow.process.kill()                       # from outside, mid-call
         killer = threading.Thread(target=kill_the_slow_one)
@@ -81,7 +109,7 @@ def test_a_worker_killed_mid_call_is_replaced_and_its_input_unscorable():
         start = time.monotonic()
         assert pool.map([(20.0,), (0.01,), (0.02,)]) == [None, 0.01, 0.02]
         killer.join()
-        assert time.monotonic() - start < 10           # not the 20 s call, not the 30 s deadline
+        assert time.monotonic() - start < 15           # not the 20 s call, not the 30 s deadline
         assert (pool.deaths, pool.timeouts) == (1, 0)
         assert pool.map([(0.03,)]) == [0.03]           # the replacement serves
     finally:

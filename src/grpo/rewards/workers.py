@@ -24,6 +24,8 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 _HEADER = struct.Struct("<I")
+_READY = "ready"
+STARTUP_S = 120.0   # how long a fresh worker may take to import its function
 
 
 def _name_of(fn: Callable) -> str:
@@ -67,6 +69,17 @@ class _Worker:
                                         stderr=subprocess.DEVNULL, env=env, cwd=os.getcwd())
         self.job: int | None = None
         self.started = 0.0
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait for the worker's first message, sent once its function is imported: a call's
+        deadline never includes the start of a fresh interpreter (seconds on a loaded machine)."""
+        if not self.ready and wait([self], timeout=timeout_s):
+            try:
+                self.ready = _read_message(self.process.stdout) == _READY
+            except (OSError, pickle.UnpicklingError, EOFError):
+                self.ready = False
+        return self.ready
 
     def fileno(self) -> int:
         return self.process.stdout.fileno()
@@ -97,6 +110,8 @@ class DeadlinePool:
         self._workers[self._workers.index(w)] = _Worker(self.target)
 
     def _send(self, w: _Worker, index: int, args: tuple) -> bool:
+        if not w.wait_ready(STARTUP_S):
+            return False
         try:
             _write_message(w.process.stdin, (index, args))
         except (BrokenPipeError, OSError, ValueError):
@@ -116,6 +131,11 @@ class DeadlinePool:
                         self._replace(w)
                         w = self._workers[slot]
                         if not self._send(w, index, inputs[index]):
+                            if not w.ready:
+                                raise RuntimeError(
+                                    f"a worker for {self.target} did not start twice in a row: "
+                                    f"`python -m grpo.rewards.workers {self.target}` must import "
+                                    f"the function within {STARTUP_S:.0f} s")
                             self.deaths += 1
                             continue
                     busy[w.fileno()] = w
@@ -166,6 +186,7 @@ def _serve(target: str) -> None:
         fn = getattr(fn, part)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr      # anything the function prints stays off the message channel
+    _write_message(stdout, _READY)
     while True:
         job = _read_message(stdin)
         if job is None:
