@@ -25,3 +25,19 @@ def tiny(tiny_model_dir):
     from grpo.models import load_policy, load_tokenizer
     yield load_policy(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def agent_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a short cold start on the calculator task: it answers with digits and
+    EOS (and now and then a calculator call), so an environment that answers every turn gets
+    episodes of several turns. The directory is the run's `final/`."""
+    from grpo.config import build_config
+    from grpo.train import train
+    out = tmp_path_factory.mktemp("agent")
+    threads = torch.get_num_threads()
+    train(build_config({"model": str(tiny_model_dir), "task": "calculator", "sft_steps": 60,
+                        "sft_lr": 1e-2, "steps": 0, "eval_every": 0, "threads": 1,
+                        "output_dir": str(out / "run")}), log=lambda line: None)
+    torch.set_num_threads(threads)
+    return out / "run" / "final"

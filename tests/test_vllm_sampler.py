@@ -65,6 +65,8 @@ class FakeLLM:
         self.events.append("wake")
 
     def generate(self, prompts, params, use_tqdm=False):
+        if isinstance(params, list):     # one request per episode turn: token ids in and out
+            return [self.turn(p["prompt_token_ids"], q) for p, q in zip(prompts, params)]
         from grpo.sampling import HFSampler
         self.events.append("generate")
         sampler = HFSampler(self.inner.model, self.tok, max_new_tokens=params.max_tokens,
@@ -80,6 +82,28 @@ class FakeLLM:
                     {t: SimpleNamespace(logprob=float(r.sampler_logprobs[j, k]))} for k, t in enumerate(ids)]))
             outs.append(SimpleNamespace(outputs=comps))
         return outs
+
+
+    @torch.no_grad()
+    def turn(self, ids, params):
+        """Sample from the model until EOS, the stop string (kept) or max_tokens, recomputing the
+        whole history at every token: the engine knows nothing of the trainer's cache."""
+        self.events.append("turn")
+        model, out, logprobs, reason = self.inner.model, [], [], "length"
+        for _ in range(params.max_tokens):
+            logits = model(torch.tensor([ids + out])).logits[0, -1].float()
+            logits = logits / (params.temperature or 1.0)
+            logp = torch.log_softmax(logits, -1)
+            token = int(logits.argmax()) if params.temperature == 0 else int(
+                torch.multinomial(logp.exp(), 1))
+            out.append(token)
+            logprobs.append({token: SimpleNamespace(logprob=float(logp[token]))})
+            if token == self.tok.eos_token_id or self.tok.decode(out, skip_special_tokens=True).endswith(
+                    tuple(params.stop)):
+                reason = "stop"
+                break
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=out, logprobs=logprobs,
+                                                        finish_reason=reason, text="")])
 
 
 @pytest.fixture
@@ -117,3 +141,22 @@ def test_sampler_vllm_without_vllm_is_a_clear_error(tiny_model_dir, tmp_path, mo
                            "eval_every": 0, "output_dir": str(tmp_path)})
     with pytest.raises(ConfigError, match=r"config key 'sampler': sampler=vllm needs vLLM: pip install 'grpo\[vllm\]'"):
         train(config, log=lambda line: None)
+
+
+def test_episodes_on_the_vllm_engine_keep_the_engines_tokens_and_logprobs(agent_model_dir, tmp_path,
+                                                                          fake_vllm):
+    """Multi-turn on the engine: each turn is a request with the episode's token ids so far; the
+    trainer's recomputed log-probs of the policy tokens equal the engine's (the environment's
+    tokens, which the engine never drew, take no part)."""
+    from grpo.train import train
+    config = build_config({"model": str(agent_model_dir), "sampler": "vllm", "task": "calculator",
+                           "environment": "guess_number", "max_turns": 3, "max_new_tokens": 12,
+                           "steps": 2, "sft_steps": 0, "prompts_per_step": 2, "group_size": 4,
+                           "eval_every": 0, "save_every": 0, "threads": 1, "tis_cap": 2.0,
+                           "output_dir": str(tmp_path)})
+    result = train(config, log=lambda line: None)
+    (llm,) = FakeLLM.made
+    assert llm.events.count("turn") > 8            # more requests than the 8 episodes: turns
+    assert max(m["episode/turns_mean"] for m in result.history) > 1.5
+    assert all(m["episode/env_token_frac"] > 0 for m in result.history)
+    assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4

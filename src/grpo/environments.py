@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import random
+import zlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -86,13 +86,17 @@ class GuessNumber:
     answers `higher`, `lower` or `correct`. What it answers depends on every earlier guess only
     through the secret, and the reward is given when the guess is right: 1, less 0.1 a turn."""
 
-    def __init__(self, high: int = 16, seed: int | None = None):
-        self.high, self.rng = high, random.Random(seed)
+    def __init__(self, high: int = 16):
+        self.high = high
         self.secret, self.turns = 0, 0
 
     def reset(self, row: dict) -> str | None:
+        """The secret is the row's `secret` column, else a hash of its prompt: the same row gets
+        the same secret in every process and after a resume."""
         secret = row.get("secret")
-        self.secret = int(secret) if secret is not None else self.rng.randint(1, self.high)
+        if secret is None:
+            secret = 1 + zlib.crc32(str(row.get("prompt", "")).encode()) % self.high
+        self.secret = int(secret)
         self.turns = 0
         return None
 

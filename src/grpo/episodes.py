@@ -26,6 +26,7 @@ environment to answer it, after `max_turns`, or at `episode_tokens`. An episode 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -144,16 +145,8 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
                 break
             logits = _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt, eos, limits,
                                  temperature, top_p_warper, greedy, uniforms)
-            answers = []
-            for i in batch:
-                ep = episodes[i]
-                if ep.done:
-                    answers.append(None)
-                    continue
-                text = tokenizer.decode(ep.ids[ep.turn_start:], skip_special_tokens=True)
-                answers.append(respond(ep, text, fmt, limits.deadline_s))
-                if turn + 1 == limits.max_turns and not ep.done:
-                    ep.done = ep.truncated = True          # out of turns
+            answers = _answer_turns([episodes[i] for i in batch], tokenizer, fmt, limits,
+                                    last=turn + 1 == limits.max_turns)
             keep = [r for r, i in enumerate(batch) if not episodes[i].done]
             if len(keep) < len(batch):
                 index = torch.tensor(keep, dtype=torch.long, device=device)
@@ -182,20 +175,82 @@ def start_episode(row: dict, make_env, tools: dict[str, Tool], limits: EpisodeLi
     return Episode(row=row, env=env, tools=episode_tools(env, tools))
 
 
+def _answer_turns(live: list[Episode], tokenizer, fmt: CallFormat, limits: EpisodeLimits,
+                  last: bool) -> list[str | None]:
+    """What answers each episode's last turn (None for episodes that are over); after the last
+    allowed turn an episode that is not done is out of turns: truncated."""
+    answers = []
+    for ep in live:
+        if ep.done:
+            answers.append(None)
+            continue
+        text = tokenizer.decode(ep.ids[ep.turn_start:], skip_special_tokens=True)
+        answers.append(respond(ep, text, fmt, limits.deadline_s))
+        if last and not ep.done:
+            ep.done = ep.truncated = True          # out of turns
+    return answers
+
+
+def _add_answer(ep: Episode, ids: list[int], limits: EpisodeLimits) -> list[int]:
+    """Append an answer's tokens, cut to `observation_tokens` and to the episode's budget (which,
+    when it runs out, truncates the episode); return what was appended."""
+    left = limits.episode_tokens - len(ep.ids)
+    cut = ids[:min(limits.observation_tokens, max(0, left))]
+    ep.add(cut, by_policy=False)
+    if ids and len(ep.ids) >= limits.episode_tokens:
+        ep.done = ep.truncated = True            # the budget is spent: the model has no room left
+    ep.turn_start = len(ep.ids)
+    return cut
+
+
+def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list[str],
+                              rows: list[dict], group_size: int, *, make_env, tools: dict[str, Tool],
+                              call_format: str, limits: EpisodeLimits,
+                              temperature: float) -> Rollout:
+    """Episodes on an engine that keeps its own cache (vLLM, whose prefix cache makes each turn
+    cost its new tokens): `generate_turns(histories, max_tokens, stop)` gets every live episode's
+    token ids so far (prompt included) and returns, per episode, (new token ids, their log-probs,
+    whether the turn was cut at max_tokens). Everything else is what the lean-decoder path does."""
+    fmt = FORMATS[call_format]
+    eos = set(eos_ids(tokenizer.eos_token_id).tolist())
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    G, N = group_size, len(prompts) * group_size
+    episodes = [start_episode(rows[i // G], make_env, tools, limits) for i in range(N)]
+    for ep in episodes:
+        _add_answer(ep, tokenizer(ep.row.get("_observation") or "",
+                                  add_special_tokens=False).input_ids, limits)
+    for turn in range(limits.max_turns):
+        for ep in episodes:
+            if not ep.done and len(ep.ids) >= limits.episode_tokens:
+                ep.done = ep.truncated = True       # the answers spent the budget
+        live = [i for i in range(N) if not episodes[i].done]
+        if not live:
+            break
+        room = [min(limits.turn_tokens, limits.episode_tokens - len(episodes[i].ids)) for i in live]
+        outputs = generate_turns([prompt_ids[i // G] + episodes[i].ids for i in live], room,
+                                 fmt.stop)
+        for i, (ids, logprobs, cut) in zip(live, outputs):
+            ep = episodes[i]
+            ep.add(list(ids), by_policy=True, logprobs=list(logprobs))
+            ep.drawn += len(ids)
+            ep.turn_ends.append(len(ep.ids) - 1)
+            if cut and not (ids and ids[-1] in eos):
+                ep.done = ep.truncated = True       # cut mid-turn: the episode is truncated
+        answers = _answer_turns([episodes[i] for i in live], tokenizer, fmt, limits,
+                                last=turn + 1 == limits.max_turns)
+        for i, answer in zip(live, answers):
+            if not episodes[i].done:
+                _add_answer(episodes[i], tokenizer(answer, add_special_tokens=False).input_ids
+                            if answer else [], limits)
+    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature)
+
+
 def _append(lean, state, logits, batch, episodes, tokens: list[list[int]], tokenizer,
             limits: EpisodeLimits) -> torch.Tensor:
     """Put each row's answer tokens (cut to fit) into the episode and the cache at once; rows
     that get none keep their logits."""
-    room = []
-    for i, ids in zip(batch, tokens):
-        ep = episodes[i]
-        left = limits.episode_tokens - len(ep.ids)
-        cut = ids[:min(limits.observation_tokens, max(0, left))]
-        if len(cut) < len(ids) and len(cut) == max(0, left):
-            ep.truncated = True                      # the episode's budget is spent
-        ep.add(cut, by_policy=False)
-        ep.turn_start = len(ep.ids)
-        room.append(cut)
+    room = [_add_answer(episodes[i], ids, limits) for i, ids in zip(batch, tokens)]
     width = max((len(t) for t in room), default=0)
     if width == 0:
         return logits
@@ -210,6 +265,19 @@ def _append(lean, state, logits, batch, episodes, tokens: list[list[int]], token
     return torch.where(has[:, None], new, logits)
 
 
+_ENDERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # tokenizer -> {stop: ids}
+
+
+def _enders(tokenizer, stop: str) -> frozenset:
+    """Ids of the tokens whose text ends with the stop string's last character: only after one of
+    them can a turn's text end with the stop string, so only then is the tail decoded."""
+    known = _ENDERS.setdefault(tokenizer, {})
+    if stop not in known:
+        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        known[stop] = frozenset(i for i, p in enumerate(pieces) if p.endswith(stop[-1]))
+    return known[stop]
+
+
 def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat, eos, limits,
                 temperature, top_p_warper, greedy, uniforms) -> torch.Tensor:
     """Decode one turn for every row in the batch; rows that end early wait for the others."""
@@ -217,6 +285,7 @@ def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat
     n = len(batch)
     in_turn = torch.tensor([not episodes[i].done for i in batch], device=device)
     stop_len = len(tokenizer(fmt.stop, add_special_tokens=False).input_ids) + 4
+    enders = _enders(tokenizer, fmt.stop)
     while bool(in_turn.any()):
         scores = logits.float()
         if not greedy and temperature != 1.0:
@@ -241,7 +310,8 @@ def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat
             turn = ep.ids[ep.turn_start:]
             if bool(torch.isin(chosen[r:r + 1], eos)):
                 ended[r] = True
-            elif tokenizer.decode(turn[-stop_len:], skip_special_tokens=True).endswith(fmt.stop):
+            elif token in enders and tokenizer.decode(
+                    turn[-stop_len:], skip_special_tokens=True).endswith(fmt.stop):
                 ended[r] = True
             elif len(ep.ids) >= limits.episode_tokens or len(turn) >= limits.turn_tokens:
                 ended[r] = True

@@ -55,10 +55,10 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
     with sampling_at(sampler, c.eval.eval_temperature, c.run.seed * 1_000_003 + step, device):
         for start in range(0, len(data.eval_rows), per_call):
             rows = data.eval_rows[start:start + per_call]
-            with_rows = {"rows": rows} if hasattr(sampler, "make_env") else {}
             rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), n, greedy=n == 1,
-                                     **with_rows)
+                                     rows=rows)
             scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, n))
+            calls = rollout.episodes["tool_calls"] if rollout.episodes else None
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]
                 results.append({
@@ -66,10 +66,15 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
                     "answer": row.get("answer"), "completions": completions,
                     "scores": list(scores[i * n:(i + 1) * n]),
                     "answers": [extract_answer(x) if with_votes else None for x in completions]})
+                if calls is not None:
+                    results[-1]["tool_calls"] = list(calls[i * n:(i + 1) * n])
             if on_batch is not None:
                 so_far = summarize(results, [], with_votes)["eval/accuracy"]
                 on_batch(start + len(rows), so_far)
     metrics = summarize(results, list(c.eval.eval_k), with_votes)
+    episodes = [k for r in results for k in r.get("tool_calls", [])]
+    if episodes:   # an agent task: the share of held-out episodes that called a tool
+        metrics["eval/tool_use_frac"] = sum(k > 0 for k in episodes) / len(episodes)
     record(metrics, step)
     if rows_file is not None:
         write_rows(rows_file, results)

@@ -80,11 +80,11 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
         if not 0 <= row < len(data.train_rows):
             raise build.ConfigError(f"--row {row}: the data has rows 0..{len(data.train_rows) - 1}")
         rows = [{k: v for k, v in data.train_rows[row].items() if k != "_row"}]
-    G, T = c.sampling.group_size, c.sampling.max_new_tokens
+    G, T = c.sampling.group_size, learner.sampler.max_new_tokens
     draws = torch.Generator().manual_seed(c.run.seed)
     # 1. sample
     rollout = learner.sampler.sample(build.prompt_texts(c, tok, rows), G,
-                                     uniforms=torch.rand(G, T, generator=draws))
+                                     uniforms=torch.rand(G, T, generator=draws), rows=rows)
     rollout.columns = columns_of(rows, G)
     # 2. score
     score_rollout(c, rollout, data)

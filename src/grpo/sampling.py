@@ -18,7 +18,9 @@ from grpo.rollout import Rollout
 
 class Sampler(Protocol):
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
-               uniforms: torch.Tensor | None = None) -> Rollout: ...
+               uniforms: torch.Tensor | None = None, rows: list[dict] | None = None) -> Rollout:
+        """`rows` (the dataset rows of the prompts) reset a multi-turn run's environments; a
+        single-turn sampler ignores them."""
 
 
 def eos_ids(eos_token_id: int | list[int], device=None) -> torch.Tensor:
@@ -54,7 +56,7 @@ class HFSampler:
 
     @torch.no_grad()
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
-               uniforms: torch.Tensor | None = None) -> Rollout:
+               uniforms: torch.Tensor | None = None, rows: list[dict] | None = None) -> Rollout:
         """`uniforms` [N, max_new_tokens], if given, are the draws each row's tokens are sampled
         with; the caller then decides the randomness, so a row's completion does not depend on
         which other rows share its batch (or its process)."""

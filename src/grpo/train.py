@@ -235,13 +235,10 @@ def make_learner(c: TrainConfig, policy, tokenizer, world: distributed.World = d
 
 def make_sampler(c: TrainConfig, policy, tokenizer):
     """The HF sampler on the policy itself, or a colocated vLLM engine loaded from the same
-    weights (`vllm_sampler.py`)."""
+    weights (`vllm_sampler.py`); with tools or an environment, either samples episodes."""
     s = c.sampling
     agent = build.agent_of(c)
-    if agent is not None:
-        if s.sampler != "hf":
-            raise build.ConfigError("config key 'sampler': multi-turn episodes (tools or an "
-                                    "environment) sample with sampler=hf")
+    if agent is not None and s.sampler == "hf":
         return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
                               call_format=agent.call_format, make_env=agent.make_env,
                               temperature=s.temperature, top_p=s.top_p)
@@ -254,7 +251,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
         sampler = VLLMSampler(base.name_or_path, tokenizer, max_new_tokens=s.max_new_tokens,
                               temperature=s.temperature, top_p=s.top_p,
                               gpu_memory_utilization=s.vllm_gpu_memory_utilization, seed=c.run.seed,
-                              dtype=c.model.dtype, sleep=s.vllm_sleep)
+                              dtype=c.model.dtype, sleep=s.vllm_sleep, agent=agent)
     except VLLMUnavailable as e:
         raise build.ConfigError(f"config key 'sampler': {e}") from None
     sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
@@ -396,9 +393,8 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
         uniforms = torch.rand(len(rows) * G, sampler.max_new_tokens, generator=draws)
         rows, uniforms = world.share(rows), uniforms[world.rows(len(rows) * G)]
         t0 = time.perf_counter()
-        with_rows = {"rows": rows} if isinstance(sampler, EpisodeSampler) else {}
         part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms,
-                              **with_rows)
+                              rows=rows)
         part.columns = columns_of(rows, G)
         t1 = time.perf_counter()
         score_rollout(c, part, data)

@@ -33,7 +33,10 @@ class VLLMSampler:
 
     def __init__(self, model_path: str, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                 dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True):
+                 dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True,
+                 agent=None):
+        """`agent` (build.Agent): sample multi-turn episodes, each turn a request whose prompt is
+        the episode's token ids so far (vLLM's prefix cache holds the history)."""
         try:
             import vllm
         except ImportError:
@@ -42,6 +45,9 @@ class VLLMSampler:
         self.vllm, self.tokenizer = vllm, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.sleep_between = sleep
+        self.agent = agent
+        if agent is not None:
+            self.max_new_tokens = agent.limits.episode_tokens
         kwargs = dict(model=model_path, tokenizer=model_path, gpu_memory_utilization=gpu_memory_utilization,
                       seed=seed, dtype=dtype, enable_sleep_mode=sleep,
                       logprobs_mode="processed_logprobs")   # after temperature/top-p: what was drawn from
@@ -83,9 +89,17 @@ class VLLMSampler:
     # -- sampling -----------------------------------------------------------------------------
     @torch.no_grad()
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
-               uniforms: torch.Tensor | None = None) -> Rollout:
+               uniforms: torch.Tensor | None = None, rows: list[dict] | None = None) -> Rollout:
         self.wake()
         tok = self.tokenizer
+        if self.agent is not None:
+            from grpo.episodes import sample_episodes_on_engine
+            a = self.agent
+            return sample_episodes_on_engine(
+                lambda histories, room, stop: self._turns(histories, room, stop, greedy), tok,
+                prompts, rows if rows is not None else [{} for _ in prompts], group_size,
+                make_env=a.make_env, tools=a.tools, call_format=a.call_format, limits=a.limits,
+                temperature=1.0 if greedy else self.temperature)
         params = self.vllm.SamplingParams(
             n=group_size, temperature=0.0 if greedy else self.temperature,
             top_p=1.0 if greedy else self.top_p, max_tokens=self.max_new_tokens, logprobs=0,
@@ -93,6 +107,27 @@ class VLLMSampler:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return rollout_from_outputs(prompts, outputs, group_size, tok, self.max_new_tokens,
                                     1.0 if greedy else self.temperature)
+
+
+    def _turns(self, histories: list[list[int]], room: list[int], stop: str,
+               greedy: bool) -> list[tuple[list[int], list[float], bool]]:
+        """One turn for each history: one request each, ending at EOS, at the call format's
+        closing tag (kept in the output) or at its `room` of tokens."""
+        params = [self.vllm.SamplingParams(
+            n=1, temperature=0.0 if greedy else self.temperature,
+            top_p=1.0 if greedy else self.top_p, max_tokens=max(1, n), logprobs=0,
+            stop=[stop], include_stop_str_in_output=True, skip_special_tokens=True)
+            for n in room]
+        outputs = self.llm.generate([{"prompt_token_ids": h} for h in histories], params,
+                                    use_tqdm=False)
+        turns = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            logprobs = [options[t].logprob for t, options in zip(ids, c.logprobs or [])]
+            turns.append((ids, logprobs + [0.0] * (len(ids) - len(logprobs)),
+                          c.finish_reason == "length"))
+        return turns
 
 
 def engine_model(llm):
