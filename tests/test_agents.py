@@ -1,6 +1,7 @@
 """Multi-turn episodes with tools and environments: schemas, parsing, failures, and the exactness
 of the token-in token-out trajectory (cache continuation, masks, loss)."""
 
+import json
 import time
 from typing import Literal, Optional
 
@@ -247,3 +248,100 @@ def test_the_loss_sees_policy_tokens_only():
     loss, _ = policy_loss(same, logp.detach(), None, adv, mask, AGGREGATIONS["sequence_mean"](mask, 6),
                           loss_type="clip", beta=0.0, kl_estimator="k3")
     assert loss.item() == pytest.approx(-0.5, abs=1e-7)
+
+
+# ---- Everything else keeps working on episodes -----------------------------------------------
+
+def agent_config(model_dir, out, **extra):
+    from grpo.config import build_config
+    values = {"model": str(model_dir), "task": "calculator", "environment": "guess_number",
+              "max_turns": 3, "max_new_tokens": 12, "prompts_per_step": 2, "group_size": 4,
+              "steps": 2, "sft_steps": 0, "eval_every": 0, "save_every": 0, "threads": 1,
+              "lr": 1e-3, "beta": 0.04, "rewards": ["final_answer", "agent_shaped:distinct"],
+              "output_dir": str(out)}
+    return build_config({**values, **extra})
+
+
+@pytest.fixture(autouse=True)
+def shaped_reward(tmp_path, monkeypatch):
+    """A reward with contrast between a random-ish model's episodes (their text's variety), so
+    advantages, gradients and updates are not all 0."""
+    (tmp_path / "agent_shaped.py").write_text(
+        "def distinct(prompts, completions, **columns):\n"
+        "    return [len(set(c)) / 20 for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def run_quietly(config):
+    from grpo.train import train
+    return train(config, log=lambda line: None)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo"])
+def test_every_preset_trains_on_episodes(agent_model_dir, tmp_path, algorithm):
+    from grpo.presets import ALGORITHMS
+    assert algorithm in ALGORITHMS
+    result = run_quietly(agent_config(agent_model_dir, tmp_path / "run", algorithm=algorithm,
+                                      num_iterations=2, turn_rewards=algorithm == "grpo"))
+    last = result.history[-1]
+    assert last["episode/turns_mean"] > 1 and last["episode/env_token_frac"] > 0
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in result.history)
+
+
+def test_an_agent_run_resumes_bit_for_bit(agent_model_dir, tmp_path):
+    from safetensors.torch import load_file
+    whole = run_quietly(agent_config(agent_model_dir, tmp_path / "whole", steps=4, save_every=2,
+                                     num_iterations=2))
+    run_quietly(agent_config(agent_model_dir, tmp_path / "cut", steps=2, save_every=2,
+                             num_iterations=2))
+    resumed = run_quietly(agent_config(agent_model_dir, tmp_path / "cut", steps=4, save_every=2,
+                                       num_iterations=2, resume="auto"))
+    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rows: [{k: v for k, v in m.items() if not k.startswith(("time/", "tokens/s"))}   # noqa: E731
+                          for m in rows if m["step"] > 2]
+    assert strip(whole.history) == strip(resumed.history)
+    assert max(m["episode/turns_mean"] for m in whole.history) > 1
+
+
+def test_lora_trains_an_agent(agent_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    result = run_quietly(agent_config(agent_model_dir, tmp_path / "lora", lora_r=4, lr=1e-2))
+    assert result.history[-1]["episode/turns_mean"] > 1
+    assert (tmp_path / "lora" / "final" / "adapter_model.safetensors").exists()
+
+
+def test_explain_shows_the_turns_with_numbers_on_model_tokens_only(agent_model_dir, tmp_path):
+    from grpo.explain import explain_group, render
+    result = explain_group(agent_config(agent_model_dir, tmp_path, num_iterations=2), row=1)
+    episodes = [c for c in result["completions"] if not all(c["by_policy"])]
+    assert episodes, "no episode with an answer from the environment"
+    for comp in result["completions"]:
+        assert comp["turns"] >= 1
+        for mine, in_loss in zip(comp["by_policy"], comp["in_loss"]):
+            assert in_loss <= mine                # no environment token is in the loss
+    text = render(result)
+    assert "[tool/env: " in text and "turns" in text
+    assert "[tool/env: " in text.split("4. update")[1]      # the token rows mark the answers too
+
+
+def test_the_report_and_eval_of_an_agent_run(agent_model_dir, tmp_path, capsys):
+    from grpo.cli import main
+    from grpo.report import write_report
+    run_quietly(agent_config(agent_model_dir, tmp_path / "run", eval_every=2, eval_size=8))
+    page = write_report(tmp_path / "run").read_text()
+    for panel in ("agent", "agent_shares"):     # turns and calls; tool use, failures, env share
+        assert (tmp_path / "run" / "plots" / f"{panel}.png").stat().st_size > 5000
+        assert f'alt="{panel}"' in page
+    samples = json.loads(page.split('id="samples">')[1].split("</script>")[0].replace("<\\/", "</"))
+    shown = [s for step in (samples.values() if isinstance(samples, dict) else samples)
+             for s in (step if isinstance(step, list) else [step]) if isinstance(s, dict)]
+    assert any(who == "env" for s in shown for _, _, who in s.get("spans", [])), \
+        "the completion browser marks what the environment wrote"
+    main(["eval", f"model={agent_model_dir}", "task=calculator", "environment=guess_number",
+          "max_turns=3", "max_new_tokens=12", "eval_size=8", f"output_dir={tmp_path / 'eval'}"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "eval/tool_use_frac" in out and out["eval/n"] == 8
+    rows = [json.loads(line) for line in open(out["rows_file"])]
+    assert len(rows) == 8 and all("tool_calls" in r for r in rows)

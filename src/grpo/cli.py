@@ -84,7 +84,13 @@ def cmd_eval(args: list[str]) -> None:
     policy, tokenizer = build.load_model_and_tokenizer(config, None)
     build.fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None),
                       data, log=lambda line: print(line, file=sys.stderr))
-    sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
+    agent = build.agent_of(config)
+    if agent is not None:     # tools or an environment: held-out episodes, as in training
+        from grpo.episodes import EpisodeSampler
+        sampler = EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
+                                 call_format=agent.call_format, make_env=agent.make_env)
+    else:
+        sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
     rows_file = Path(config.eval.eval_output or Path(config.run.output_dir) / "eval.jsonl")
     results: list[dict] = []
     with Progress("eval", len(data.eval_rows), to_stderr) as bar:

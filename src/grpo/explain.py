@@ -127,7 +127,7 @@ def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
     mask = rollout.tokens_in_loss.bool()
     completions = []
     for i in range(len(rollout)):
-        n = int(rollout.completion_mask[i].sum())
+        n = int(rollout.real_mask[i].sum())
         ids = rollout.completion_ids[i, :n].tolist()
         reward = rollout.rewards[i].item()
         completions.append({
@@ -143,13 +143,18 @@ def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
             "weights": weights[i, :n].tolist(),
             "logprob_before": float((rollout.old_logprobs[i] * mask[i]).sum()),
             "logprob_after": float((after[i] * mask[i]).sum()),
+            "by_policy": rollout.completion_mask[i, :n].bool().tolist(),
         })
+        if rollout.episodes:      # the turns: which characters the policy and the tools wrote
+            e = rollout.episodes
+            completions[-1].update(turns=e["turns"][i], tool_calls=e["tool_calls"][i],
+                                   tool_failures=e["tool_failures"][i], spans=e["spans"][i])
         completions[-1]["logprob_change"] = completions[-1]["logprob_after"] - completions[-1]["logprob_before"]
     out_iterations = []
     for k, it in enumerate(iterations, 1):
         per = []
         for i in range(len(rollout)):
-            n = int(rollout.completion_mask[i].sum())
+            n = int(rollout.real_mask[i].sum())
             per.append({"logprobs": it["logp"][i, :n].tolist(), "ratio": it["ratio"][i, :n].tolist(),
                         "clipped": ["low" if lo else "high" if hi else "" for lo, hi in
                                     zip(it["clipped_low"][i, :n].tolist(), it["clipped_high"][i, :n].tolist())],
@@ -188,7 +193,7 @@ def render(result: dict) -> str:
         table.add_column(col, overflow="fold")
     for i, comp in enumerate(result["completions"]):
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in comp["rewards"].items())
-        table.add_row(str(i), repr(comp["text"]) + (" (cut)" if comp["truncated"] else ""),
+        table.add_row(str(i), _transcript(comp) + (" (cut)" if comp["truncated"] else ""),
                       _fmt(comp["reward"]), parts, f"{comp['advantage']:+.3f}",
                       f"{comp['logprob_before']:.3f}", f"{comp['logprob_after']:.3f}",
                       f"{comp['logprob_change']:+.3f}")
@@ -205,8 +210,15 @@ def render(result: dict) -> str:
         tokens.add_column("#")
         tokens.add_column("token: ratio pi/pi_old \\[clipped side] KL", overflow="fold")
         for i, (comp, per) in enumerate(zip(result["completions"], it["completions"])):
-            line = Text()
-            for tok, r, side, kl in zip(comp["tokens"], per["ratio"], per["clipped"], per["kl"]):
+            line, answer = Text(), []
+            for tok, r, side, kl, mine in zip(comp["tokens"], per["ratio"], per["clipped"], per["kl"],
+                                              comp["by_policy"]):
+                if not mine:            # a tool's or the environment's token: no numbers
+                    answer.append(tok)
+                    continue
+                if answer:
+                    line.append(f"[tool/env: {len(answer)} tokens]  ", style="dim")
+                    answer = []
                 line.append(f"{tok!r}:{r:.3f}", style="bold red" if side else None)
                 line.append(f"[{side}]" if side else "")
                 line.append(f" kl {kl:.4f}  ")
@@ -216,6 +228,17 @@ def render(result: dict) -> str:
         console.print("With num_iterations=1 every ratio is 1 (the policy is the one that sampled), so "
                       "nothing is clipped; set num_iterations=4 to watch the clip act.")
     return buffer.getvalue()
+
+
+def _transcript(comp: dict) -> str:
+    """The completion's text; in an episode, what tools and the environment wrote is shown
+    between [tool/env: ...] marks, and the turns and calls are counted."""
+    if "spans" not in comp:
+        return repr(comp["text"])
+    text = "".join(comp["text"][a:b] if who == "policy" else f"[tool/env: {comp['text'][a:b]}]"
+                   for a, b, who in comp["spans"])
+    failed = f", {comp['tool_failures']} failed" if comp["tool_failures"] else ""
+    return f"{text!r}  ({comp['turns']} turns, {comp['tool_calls']} tool calls{failed})"
 
 
 def _fmt(value) -> str:
