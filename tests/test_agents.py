@@ -345,3 +345,32 @@ def test_the_report_and_eval_of_an_agent_run(agent_model_dir, tmp_path, capsys):
     assert "eval/tool_use_frac" in out and out["eval/n"] == 8
     rows = [json.loads(line) for line in open(out["rows_file"])]
     assert len(rows) == 8 and all("tool_calls" in r for r in rows)
+
+
+QWEN_LIKE = (   # the tool-message layout of Qwen2.5's template, written for this test
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+NO_TOOL_ROLE = ("{%- for m in messages %}{%- if m.role not in ['user', 'assistant'] %}"
+                "{{ raise_exception('roles are user and assistant') }}{%- endif %}"
+                "{{ m.role }}: {{ m.content }}\n{%- endfor %}")
+
+
+def test_hermes_results_go_through_the_chat_template_as_tool_messages(tiny):
+    from grpo.tools import FORMATS, templated
+    _, tok = tiny
+    tok = __import__("copy").deepcopy(tok)
+    tok.chat_template = QWEN_LIKE
+    fmt = templated(FORMATS["hermes"], tok)
+    # Qwen2.5's layout: the assistant's turn closes, one user turn holds every tool_response, and
+    # the assistant's header opens the next turn.
+    assert fmt.answer_of(["4", "9"]) == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n4\n"
+                                         "</tool_response>\n<tool_response>\n9\n</tool_response>"
+                                         "<|im_end|>\n<|im_start|>assistant\n")
+    tok.chat_template = NO_TOOL_ROLE
+    inline = templated(FORMATS["hermes"], tok)
+    assert inline.answer_of(["4"]) == "\n<tool_response>\n4\n</tool_response>\n"

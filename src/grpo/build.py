@@ -221,6 +221,15 @@ def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | N
 _AGENTS: dict[int, tuple[TrainConfig, Agent | None]] = {}
 
 
+def call_format_of(config: TrainConfig, tokenizer, agent: Agent):
+    """The agent's call format; with `hermes` and prompts in the chat template, tool results are
+    rendered by the template as `tool` messages, as the model saw them in its own training."""
+    from grpo.tools import FORMATS, templated
+    fmt = FORMATS[agent.call_format]
+    uses_template = bool(getattr(tokenizer, "chat_template", None)) and config.model.chat_template != "none"
+    return templated(fmt, tokenizer) if agent.call_format == "hermes" and uses_template else fmt
+
+
 def agent_of(config: TrainConfig) -> Agent | None:
     """The config's Agent (built once per config; the tools' schemas are what prompts show)."""
     entry = _AGENTS.get(id(config))

@@ -88,7 +88,8 @@ def cmd_eval(args: list[str]) -> None:
     if agent is not None:     # tools or an environment: held-out episodes, as in training
         from grpo.episodes import EpisodeSampler
         sampler = EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
-                                 call_format=agent.call_format, make_env=agent.make_env)
+                                 call_format=build.call_format_of(config, tokenizer, agent),
+                                 make_env=agent.make_env)
     else:
         sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
     rows_file = Path(config.eval.eval_output or Path(config.run.output_dir) / "eval.jsonl")

@@ -91,9 +91,9 @@ def respond(ep: Episode, text: str, fmt: CallFormat, deadline_s: float) -> str |
             outcome = run_call(call, ep.tools, deadline_s)
             ep.tool_calls += 1
             ep.tool_failures += outcome.failed
-            results.append(fmt.result(outcome.text))
+            results.append(outcome.text)
         ep.turn_rewards.append(None)
-        return "".join(results)
+        return fmt.answer_of(results)
     if ep.env is None:
         ep.turn_rewards.append(None)
         ep.done = True
@@ -114,7 +114,7 @@ def respond(ep: Episode, text: str, fmt: CallFormat, deadline_s: float) -> str |
 
 
 def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], group_size: int, *,
-                    make_env: Callable[[], Any] | None, tools: dict[str, Tool], call_format: str,
+                    make_env: Callable[[], Any] | None, tools: dict[str, Tool], call_format: str | CallFormat,
                     limits: EpisodeLimits, temperature: float = 1.0, top_p: float = 1.0,
                     greedy: bool = False, uniforms: torch.Tensor | None = None) -> Rollout:
     """`group_size` episodes for each prompt [B] (row i of the dataset with it): a Rollout of
@@ -123,7 +123,7 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
         raise ValueError("multi-turn episodes run on the lean decoder (Llama, Qwen2 and Mistral "
                          "architectures without a sliding window); this model is not one")
     from transformers.generation.logits_process import TopPLogitsWarper
-    fmt = FORMATS[call_format]
+    fmt = call_format if isinstance(call_format, CallFormat) else FORMATS[call_format]
     device = next(model.parameters()).device
     eos = eos_ids(tokenizer.eos_token_id, device)
     top_p_warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
@@ -205,13 +205,13 @@ def _add_answer(ep: Episode, ids: list[int], limits: EpisodeLimits) -> list[int]
 
 def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list[str],
                               rows: list[dict], group_size: int, *, make_env, tools: dict[str, Tool],
-                              call_format: str, limits: EpisodeLimits,
+                              call_format: str | CallFormat, limits: EpisodeLimits,
                               temperature: float) -> Rollout:
     """Episodes on an engine that keeps its own cache (vLLM, whose prefix cache makes each turn
     cost its new tokens): `generate_turns(histories, max_tokens, stop)` gets every live episode's
     token ids so far (prompt included) and returns, per episode, (new token ids, their log-probs,
     whether the turn was cut at max_tokens). Everything else is what the lean-decoder path does."""
-    fmt = FORMATS[call_format]
+    fmt = call_format if isinstance(call_format, CallFormat) else FORMATS[call_format]
     eos = set(eos_ids(tokenizer.eos_token_id).tolist())
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
@@ -377,7 +377,7 @@ class EpisodeSampler:
     environments and the episode's limits, tools and call format."""
 
     def __init__(self, model, tokenizer, *, limits: EpisodeLimits, tools: dict[str, Tool],
-                 call_format: str, make_env: Callable[[], Any] | None, temperature: float = 1.0,
+                 call_format: str | CallFormat, make_env: Callable[[], Any] | None, temperature: float = 1.0,
                  top_p: float = 1.0):
         self.model, self.tokenizer, self.limits = model, tokenizer, limits
         self.tools, self.call_format, self.make_env = tools, call_format, make_env

@@ -165,6 +165,40 @@ class CallFormat:
     parse: Callable[[str, dict], list[Call]]
     stop: str                             # a turn that ends with this string ends in a call
     result: Callable[[str], str]          # how a result is shown to the model
+    answer: Callable[[list[str]], str] | None = None   # all of a turn's results at once
+
+    def answer_of(self, results: list[str]) -> str:
+        """The text that answers a turn with these results."""
+        if self.answer is not None:
+            return self.answer(results)
+        return "".join(self.result(r) for r in results)
+
+
+_MARK = "\u2063{}\u2063"    # invisible separators around placeholders: found, never confused
+
+
+def templated(fmt: CallFormat, tokenizer) -> CallFormat:
+    """`fmt` with results rendered by the tokenizer's chat template as `tool` messages: what
+    follows the assistant's turn in a conversation [user, assistant, tool...] with the generation
+    prompt (for Qwen2.5: `<|im_end|>` then a user turn of `<tool_response>` blocks, then the
+    assistant's header). `fmt` unchanged when the template has no tool role."""
+    def render(results: list[str]) -> str | None:
+        messages = [{"role": "user", "content": _MARK.format("u")},
+                    {"role": "assistant", "content": _MARK.format("a")}]
+        messages += [{"role": "tool", "content": r} for r in results]
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:    # noqa: BLE001 - a template without a tool role: the inline format
+            return None
+        mark = _MARK.format("a")
+        if mark not in text or not all(r in text for r in results):
+            return None
+        return text[text.index(mark) + len(mark):]
+
+    if not getattr(tokenizer, "chat_template", None) or render(["x"]) is None:
+        return fmt
+    return CallFormat(fmt.parse, fmt.stop, fmt.result,
+                      lambda results: render(results) or "".join(fmt.result(r) for r in results))
 
 
 FORMATS = {

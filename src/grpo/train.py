@@ -240,7 +240,8 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
     agent = build.agent_of(c)
     if agent is not None and s.sampler == "hf":
         return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
-                              call_format=agent.call_format, make_env=agent.make_env,
+                              call_format=build.call_format_of(c, tokenizer, agent),
+                              make_env=agent.make_env,
                               temperature=s.temperature, top_p=s.top_p)
     if s.sampler == "hf":
         return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
@@ -254,6 +255,8 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
                               dtype=c.model.dtype, sleep=s.vllm_sleep, agent=agent)
     except VLLMUnavailable as e:
         raise build.ConfigError(f"config key 'sampler': {e}") from None
+    if agent is not None:
+        sampler.call_format = build.call_format_of(c, tokenizer, agent)
     sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
     return sampler
 

@@ -46,6 +46,7 @@ class VLLMSampler:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.sleep_between = sleep
         self.agent = agent
+        self.call_format = None     # a tools.CallFormat set by the trainer (chat-template results)
         if agent is not None:
             self.max_new_tokens = agent.limits.episode_tokens
         kwargs = dict(model=model_path, tokenizer=model_path, gpu_memory_utilization=gpu_memory_utilization,
@@ -98,7 +99,8 @@ class VLLMSampler:
             return sample_episodes_on_engine(
                 lambda histories, room, stop: self._turns(histories, room, stop, greedy), tok,
                 prompts, rows if rows is not None else [{} for _ in prompts], group_size,
-                make_env=a.make_env, tools=a.tools, call_format=a.call_format, limits=a.limits,
+                make_env=a.make_env, tools=a.tools, call_format=self.call_format or a.call_format,
+                limits=a.limits,
                 temperature=1.0 if greedy else self.temperature)
         params = self.vllm.SamplingParams(
             n=group_size, temperature=0.0 if greedy else self.temperature,
