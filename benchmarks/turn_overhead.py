@@ -1,13 +1,15 @@
 """The cost of turns: a group of 4-turn episodes against single-turn completions of the same length.
 
-    python benchmarks/turn_overhead.py [--hidden 128] [--layers 4] [--group 16] [--turn 24]
+    python benchmarks/turn_overhead.py [--hidden 128] [--layers 4] [--group 16] [--turn 32]
                                        [--turns 4] [--repeats 5]
 
 Both sides write the same number of tokens per row, on the same tiny model and the same lean
 decoder. The episode's policy writes `--turn` tokens per turn, ending in a calculator call (the
 draws are made as usual, then replaced by that script so every row's turns have the same length);
-the calculator's answer (`<result>2</result>`, 18 tokens) goes into the cache after each turn. The
-single-turn side samples `turns * (turn + 18)` tokens in one completion; a third side samples only
+the calculator's answer (`<result>2</result>`, 18 tokens) goes into the cache after each turn but
+the last. The
+single-turn side samples as many tokens in one completion (`turns * turn + (turns - 1) * 18`: the
+last turn is not answered); a third side samples only
 the policy's share, `turns * turn`, for scale. EOS is switched off on
 both sides so lengths are exact. The difference is the turn overhead: parsing each turn, running
 the tool, tokenizing its answer, putting it into the cache, and the per-token bookkeeping of
@@ -39,7 +41,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--group", type=int, default=16)
-    ap.add_argument("--turn", type=int, default=24, help="policy tokens per turn")
+    ap.add_argument("--turn", type=int, default=32, help="policy tokens per turn")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
@@ -54,7 +56,7 @@ def main() -> None:
         raise SystemExit(f"--turn must be at least {args.turn - filler} tokens (the call itself)")
     script = tokenizer("x" * filler + call, add_special_tokens=False).input_ids
     observation = len(tokenizer(RESULT, add_special_tokens=False).input_ids)
-    total = args.turns * (args.turn + observation)
+    total = args.turns * args.turn + (args.turns - 1) * observation   # the last turn gets no answer
 
     no_eos = torch.tensor([-1])
     sampling.eos_ids = episodes.eos_ids = lambda *a, **k: no_eos.to(a[1] if len(a) > 1 else None)

@@ -374,3 +374,37 @@ def test_hermes_results_go_through_the_chat_template_as_tool_messages(tiny):
     tok.chat_template = NO_TOOL_ROLE
     inline = templated(FORMATS["hermes"], tok)
     assert inline.answer_of(["4"]) == "\n<tool_response>\n4\n</tool_response>\n"
+
+
+FAULTY = '''
+import time
+
+class Faulty:
+    """Its first step raises, its second hangs past the deadline, its third gives a step that
+    is not one; then the episode ends."""
+    def reset(self, row):
+        self.n = 0
+
+    def step(self, action):
+        self.n += 1
+        if self.n == 1:
+            raise RuntimeError("the game broke")
+        if self.n == 2:
+            time.sleep(2)
+            return "late"
+        if self.n == 3:
+            return {"not": "a step"}
+        return None, 0.0, True
+'''
+
+
+def test_an_environment_that_raises_hangs_or_answers_nonsense_is_counted_and_training_goes_on(
+        agent_model_dir, tmp_path):
+    (tmp_path / "faulty_env.py").write_text(FAULTY)
+    result = run_quietly(agent_config(agent_model_dir, tmp_path / "run", environment="faulty_env:Faulty",
+                                      max_turns=4, tool_deadline_s=0.3, steps=1))
+    assert result.history[-1]["episode/env_failures"] > 0
+    text = (tmp_path / "run" / "samples.jsonl").read_text()
+    assert "error: the environment failed (RuntimeError: the game broke)" in text
+    assert "error: the environment failed (did not answer within 0.3 s)" in text
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()

@@ -51,7 +51,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     task: str = "largest"
-    """Built-in task (largest, addition, countdown) used when `dataset` is empty; brings its own reward."""
+    """Built-in task (largest, addition, countdown, calculator) used when `dataset` is empty; brings
+    its own reward (and calculator, an agent task, its tool)."""
     dataset: str = ""
     """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
     dataset_config: str = ""
@@ -96,7 +97,8 @@ class AgentConfig:
     reset(row) and step(text) (docs/guides/agents.md); its public methods are tools too."""
     tool_format: str = "plain"
     """How calls are written and parsed: `plain` (<call>NAME ARGS</call>, results in
-    <result>..</result>) or `hermes` (<tool_call>{"name", "arguments"}</tool_call>, Qwen2.5 style)."""
+    <result>..</result>) or `hermes` (<tool_call>{"name", "arguments"}</tool_call>, Qwen2.5 style;
+    results go through the chat template as `tool` messages when it has that role)."""
     max_turns: int = 4
     """Model turns per episode (with tools or an environment)."""
     turn_tokens: int = 0

@@ -112,5 +112,7 @@ def sample_records(rollout, step: int) -> list[dict]:
 
 def metrics_line(m: dict, accuracy: float) -> str:
     """The key metrics of a step, in one short line."""
-    return (f"reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  eval/accuracy {accuracy:.3f}  "
+    held_out = "" if accuracy != accuracy else f"eval/accuracy {accuracy:.3f}  "   # NaN: no eval
+    tools = (f"tool use {m['episode/tool_use_frac']:.2f}  " if "episode/tool_use_frac" in m else "")
+    return (f"reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  {tools}{held_out}"
             f"{m['time/step_s']:.2f}s/step")
