@@ -408,3 +408,48 @@ def test_an_environment_that_raises_hangs_or_answers_nonsense_is_counted_and_tra
     assert "error: the environment failed (RuntimeError: the game broke)" in text
     assert "error: the environment failed (did not answer within 0.3 s)" in text
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+class Chatty(Scripted):
+    """Never done; answers every turn with 30 characters."""
+    def step(self, action):
+        return Step("x" * 30, None, False)
+
+
+@pytest.mark.parametrize("engine", ["lean decoder", "engine"])
+def test_each_limit_truncates_the_episode(talker, engine):
+    from grpo.episodes import sample_episodes_on_engine
+    model, tok = talker
+
+    def run(limits, make_env=Chatty):
+        torch.manual_seed(0)
+        if engine == "lean decoder":
+            return sample_episodes(model, tok, ["guess 3:"], [{}], 4, make_env=make_env, tools={},
+                                   call_format="plain", limits=limits)
+
+        def turns(histories, room, stop):      # the lean sampler's turns, served one by one
+            out = []
+            for h, n in zip(histories, room):
+                ids, logps = [], []
+                for _ in range(n):
+                    logits = model(torch.tensor([h + ids])).logits[0, -1]
+                    token = int(logits.argmax())
+                    ids.append(token)
+                    logps.append(float(torch.log_softmax(logits, -1)[token]))
+                    if token == tok.eos_token_id:
+                        break
+                out.append((ids, logps, ids[-1] != tok.eos_token_id))
+            return out
+        return sample_episodes_on_engine(turns, tok, ["guess 3:"], [{}], 2, make_env=make_env,
+                                         tools={}, call_format="plain", limits=limits,
+                                         temperature=1.0)
+
+    # out of turns: Chatty is never done, so every episode ends at max_turns, truncated
+    r = run(EpisodeLimits(max_turns=2, turn_tokens=8, episode_tokens=500))
+    assert r.truncated.all() and all(t <= 2 for t in r.episodes["turns"])
+    # out of episode tokens: 30-character answers spend a 40-token budget in the second turn
+    r = run(EpisodeLimits(max_turns=6, turn_tokens=8, episode_tokens=40))
+    assert r.truncated.all() and int(r.context_mask.sum(-1).max()) <= 40
+    # a turn cut at turn_tokens: a 1-token turn cannot end with EOS after a digit
+    r = run(EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500))
+    assert r.truncated.any() and all(t == 1 for t, cut in zip(r.episodes["turns"], r.truncated) if cut)
