@@ -406,8 +406,26 @@ def test_an_environment_that_raises_hangs_or_answers_nonsense_is_counted_and_tra
     assert result.history[-1]["episode/env_failures"] > 0
     text = (tmp_path / "run" / "samples.jsonl").read_text()
     assert "error: the environment failed (RuntimeError: the game broke)" in text
-    assert "error: the environment failed (did not answer within 0.3 s)" in text
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def test_what_the_model_reads_when_the_environment_fails(talker, tmp_path, monkeypatch):
+    (tmp_path / "faulty_env.py").write_text(FAULTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from faulty_env import Faulty
+    model, tok = talker
+    torch.manual_seed(0)
+    r = sample_episodes(model, tok, ["guess 3:"], [{}], 4, make_env=Faulty, tools={},
+                        call_format="plain",
+                        limits=EpisodeLimits(max_turns=4, turn_tokens=6, episode_tokens=400,
+                                             deadline_s=0.3))
+    full = [c for c, n in zip(r.completions, r.episodes["turns"]) if n == 4]
+    assert full, "no episode reached its fourth turn; the fixture's model no longer stops"
+    for text in full:
+        assert "error: the environment failed (RuntimeError: the game broke)" in text
+        assert "error: the environment failed (did not answer within 0.3 s)" in text
+        assert "error: the environment failed (" in text.split("within 0.3 s)")[1]   # not a step
+    assert all(n == 3 for n, t in zip(r.episodes["env_failures"], r.episodes["turns"]) if t == 4)
 
 
 class Chatty(Scripted):

@@ -145,3 +145,148 @@ def test_generate_with_a_group_size_equals_repeating_each_prompt(tiny, monkeypat
         assert torch.equal(tokens, repeated[0])
         torch.testing.assert_close(logp, repeated[1], rtol=1e-5, atol=1e-6)
     assert len(set(map(tuple, repeated[0].tolist()))) > 2, "the draws should differ within a group"
+
+
+def test_nucleus_by_hand_and_as_transformers_draws():
+    from transformers.generation.logits_process import TopPLogitsWarper
+    # probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps {0.5, 0.3} (0.5 < 0.7 <= 0.8)
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = models.nucleus_(logits.clone(), 0.7).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+    # renormalized: log(0.5 / 0.8) for the first token
+    logp = torch.log_softmax(models.nucleus_(logits.clone(), 0.7), -1)
+    assert abs(logp[0, 0].item() - torch.tensor(0.625).log().item()) < 1e-6
+    # a drawn token outside the nucleus is kept (it was drawn: float noise put it at the edge)
+    assert models.nucleus_(logits.clone(), 0.7, torch.tensor([3])).isfinite().tolist() == \
+        [[True, True, False, True]]
+    torch.manual_seed(0)
+    many = torch.randn(50, 300) * 3
+    for p in (0.3, 0.9, 0.99):
+        ours = models.nucleus_(many.clone(), p).isfinite()
+        theirs = TopPLogitsWarper(p)(None, many.clone()).isfinite()
+        assert torch.equal(ours, theirs), p
+
+
+def test_top_p_logprobs_match_the_truncated_softmax_in_value_and_gradient(monkeypatch):
+    torch.manual_seed(0)
+    M, H, V = 7, 5, 11
+    head = torch.nn.Linear(H, V, bias=True).double()
+    hidden = torch.randn(M, H, dtype=torch.float64, requires_grad=True)
+    monkeypatch.setattr(models, "LOGIT_CHUNK_ELEMENTS", 4 * 3 * V)  # 3 rows a chunk with top_p
+    with torch.no_grad():
+        scaled = head(hidden) / 0.7
+        keep = models.nucleus_(scaled.clone(), 0.8).isfinite()
+    targets = torch.multinomial(keep.double(), 1).squeeze(-1)       # drawn from the nucleus
+    logp, entropy = selected_logprobs(hidden, head, targets, temperature=0.7, top_p=0.8)
+    logp_all = F.log_softmax((head(hidden) / 0.7).masked_fill(~keep, float("-inf")), -1)
+    want = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    probs = logp_all.exp()
+    want_entropy = -(probs * logp_all.masked_fill(~keep, 0)).sum(-1)
+    torch.testing.assert_close(logp.double(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy.double(), want_entropy, rtol=1e-6, atol=1e-6)
+    g = torch.randn(M, dtype=torch.float64)
+    got = torch.autograd.grad((logp * g).sum(), [hidden, head.weight, head.bias])
+    wanted = torch.autograd.grad((want * g).sum(), [hidden, head.weight, head.bias])
+    for a, b in zip(got, wanted):
+        torch.testing.assert_close(a.double(), b, rtol=1e-6, atol=1e-6)
+
+
+def test_the_trainer_scores_what_a_top_p_sampler_drew(tiny):
+    from grpo.sampling import HFSampler
+    model, tok = tiny
+    torch.manual_seed(0)
+    r = HFSampler(model, tok, max_new_tokens=8, temperature=0.7, top_p=0.9).sample(["3 1 4:"] * 2, 4)
+    assert r.top_p == 0.9 and r.temperature == 0.7
+    for lean in (True, False):      # the chunked head, and the full-logits path
+        if not lean:
+            real = models._head_is_plain
+            models._head_is_plain = lambda m: False
+        try:
+            logp, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
+                                     temperature=r.temperature, top_p=r.top_p,
+                                     completion_mask=r.completion_mask)
+        finally:
+            if not lean:
+                models._head_is_plain = real
+        assert (logp - r.sampler_logprobs).abs().max().item() < 1e-4, lean
+    untruncated, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
+                                    temperature=r.temperature, completion_mask=r.completion_mask)
+    assert (untruncated - r.sampler_logprobs).abs().max().item() > 1e-3   # the test can fail
+
+
+def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir, monkeypatch):
+    """The lean decoder (with the shared-prompt path and the padded path) and Hugging Face's
+    forward, each with and without checkpointing: the same log-probs and gradients, while the
+    checkpointed pass does recompute each layer in its backward (counted)."""
+    import torch.utils.checkpoint as ckpt
+    from grpo.build import set_checkpointing
+    from grpo.models import load_policy
+    calls = []
+    real = ckpt.checkpoint
+    monkeypatch.setattr(ckpt, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = load_policy(str(tiny_model_dir))
+    model.train()
+    prompts = torch.tensor([[1, 5, 6], [0, 7, 8]]).repeat_interleave(2, 0)
+    completion = torch.tensor([[5, 6, 7], [8, 9, 0], [10, 0, 0], [11, 12, 13]])
+    ids = torch.cat([prompts, completion], 1)
+    attn = torch.cat([(prompts != 0).long(), (completion != 0).long()], 1)
+    weights = torch.arange(1.0, 13.0).view(4, 3)
+    for path in ("shared prompts", "padded rows", "hugging face"):
+        if path == "padded rows":          # distinct prompts: the plain padded forward
+            ids[:, 0] = torch.arange(1, 5)
+        if path == "hugging face":
+            monkeypatch.setattr(models, "_head_is_plain", lambda m: False)
+        results = []
+        for on in (False, True):
+            set_checkpointing(model, on)
+            for layer in model.model.layers:   # Hugging Face's layers checkpoint through this
+                inner = getattr(layer, "_gradient_checkpointing_func", None)
+                if inner is not None and on:
+                    layer._gradient_checkpointing_func = \
+                        lambda *a, inner=inner, **k: calls.append(1) or inner(*a, **k)
+            model.zero_grad(set_to_none=True)
+            calls.clear()
+            logp, _ = token_logprobs(model, ids, attn, 3)
+            (logp * weights).sum().backward()
+            results.append((logp.detach(), [p.grad.clone() for p in model.parameters()], len(calls)))
+        (logp_a, grads_a, calls_a), (logp_b, grads_b, calls_b) = results
+        assert calls_a == 0 and calls_b == model.config.num_hidden_layers, (path, calls_a, calls_b)
+        torch.testing.assert_close(logp_a, logp_b, rtol=0, atol=0)
+        for a, b in zip(grads_a, grads_b):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    set_checkpointing(model, False)
+
+
+def test_mixed_precision_computes_in_bf16_and_keeps_float32_master_weights(tiny_model_dir, tmp_path):
+    from grpo.config import build_config
+    from grpo.train import train
+    config = build_config({"model": str(tiny_model_dir), "mixed_precision": "bf16", "steps": 2,
+                           "sft_steps": 0, "prompts_per_step": 2, "group_size": 4, "eval_every": 0,
+                           "threads": 1, "tis_cap": 2.0, "lr": 1e-3, "save_every": 2,
+                           "rewards": ["exact_answer"], "output_dir": str(tmp_path)})
+    result = train(config, log=lambda line: None)
+    assert all(p.dtype == torch.float32 for p in result.policy.parameters())
+    # the optimizer's moments are float32 too (in the step-2 checkpoint)
+    saved = torch.load(tmp_path / "checkpoints" / "step-2" / "optimizer.pt", weights_only=False)
+    moments = [v for s in saved["state"].values() for k, v in s.items() if k.startswith("exp_avg")]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+    # the trainer computed in bfloat16 (the sampler in float32): their log-probs differ a little
+    diffs = [m["sampler/logp_diff"] for m in result.history]
+    assert all(0 < d < 0.1 for d in diffs), diffs
+    # and the log-probs themselves come out of the head in float32
+    policy = result.policy
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    logp, _ = token_logprobs(policy, ids, torch.ones_like(ids), 3)
+    assert logp.dtype == torch.float32
+    policy.grpo_autocast = None
+    exact, _ = token_logprobs(policy, ids, torch.ones_like(ids), 3)
+    assert 0 < (logp - exact).abs().max().item() < 0.1
+
+
+def test_mixed_precision_needs_float32_weights():
+    import pytest
+    from grpo.config import ConfigError, build_config
+    with pytest.raises(ConfigError, match="'mixed_precision': bf16 keeps float32 master weights"):
+        build_config({"mixed_precision": "bf16", "dtype": "bfloat16"})
+    with pytest.raises(ConfigError, match="'mixed_precision' must be no or bf16"):
+        build_config({"mixed_precision": "fp8"})

@@ -128,9 +128,31 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
         raise ConfigError(str(e)) from None
     if torch.cuda.is_available():   # this process's GPU under torchrun (LOCAL_RANK), else the first
         policy = policy.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    if config.optim.gradient_checkpointing:
+        set_checkpointing(policy, True)
+    if config.optim.mixed_precision == "bf16":
+        policy.grpo_autocast = torch.bfloat16     # models.token_logprobs computes under autocast
     if config.model.lora_r > 0:
         policy = add_lora(policy, config)
     return policy, tokenizer
+
+
+def set_checkpointing(model, on: bool) -> None:
+    """Activation checkpointing per decoder layer in the passes that build a graph: the lean
+    decoder reads `grpo_checkpointing`; Hugging Face's forward (heads that are more than a linear
+    layer, FSDP2) gets its own gradient checkpointing. Passes without gradients are unchanged."""
+    model.grpo_checkpointing = on
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):      # transformers >= 5.x's names
+        enable = lambda: model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # noqa: E731
+        disable = model.activation_checkpointing_disable
+    else:
+        enable = lambda: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # noqa: E731
+        disable = model.gradient_checkpointing_disable
+    if on and getattr(model, "supports_gradient_checkpointing", False):
+        enable()
+    elif not on and getattr(model, "is_gradient_checkpointing", False):
+        disable()
 
 
 def add_lora(policy, config: TrainConfig):

@@ -225,6 +225,16 @@ class OptimConfig:
     row stop the run with an error."""
     micro_batch_size: int = 256
     """Most completions per forward/backward pass; gradients accumulate to the same total."""
+    mixed_precision: str = "no"
+    """`bf16`: the trainer's forward and backward compute in bfloat16 (autocast) while weights,
+    gradients and AdamW's moments stay float32 (`dtype=float32`); under `parallel=fsdp`,
+    FSDP2's MixedPrecisionPolicy (bfloat16 parameters in compute, float32 gradient reduction).
+    The output head's log-probs are float32 either way. `no`: compute in the weights' dtype.
+    The recommended GPU setting is dtype=float32 mixed_precision=bf16 (docs/performance.md)."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing per decoder layer in the gradient passes: each layer keeps only its
+    input and is recomputed in the backward (about a third more compute, activation memory of one
+    layer instead of all). The gradient is the same (tested). For long completions."""
     micro_batch_tokens: int = 0
     """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = about
     2^20 / hidden_size on a CPU (8,192 at hidden 128, 2,048 at 512), 2^22 / hidden_size on a GPU.
@@ -441,6 +451,11 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     if c["code_workers"] < 1 or c["code_timeout_s"] <= 0:
         raise ConfigError("config keys 'code_workers' and 'code_timeout_s' must be above 0")
+    if c["mixed_precision"] not in ("no", "bf16"):
+        raise ConfigError(f"config key 'mixed_precision' must be no or bf16, got {c['mixed_precision']!r}")
+    if c["mixed_precision"] != "no" and c["dtype"] != "float32":
+        raise ConfigError("config key 'mixed_precision': bf16 keeps float32 master weights, so it needs "
+                          f"dtype=float32, got dtype={c['dtype']}; use one or the other")
     if c["tool_format"] not in ("plain", "hermes"):
         raise ConfigError(f"config key 'tool_format' must be plain or hermes, got {c['tool_format']!r}")
     if c["max_turns"] < 1 or c["turn_tokens"] < 0 or c["episode_tokens"] < 0 or c["tool_deadline_s"] <= 0:

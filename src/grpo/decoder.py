@@ -70,6 +70,16 @@ class Decoder:
         self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
+        # activation checkpointing (train.py sets it from `gradient_checkpointing`): in passes
+        # that build a graph, each layer keeps only its input and is recomputed in the backward
+        self.checkpointing = bool(getattr(model, "grpo_checkpointing", False))
+
+    def _run(self, fn, *args):
+        """fn(*args), through torch.utils.checkpoint when checkpointing a pass with gradients."""
+        if self.checkpointing and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     # -- building blocks -------------------------------------------------------------------
     def _embed(self, ids):
@@ -110,11 +120,13 @@ class Decoder:
         mask = (causal & attention_mask.bool()[:, None, :]) | torch.eye(L, dtype=torch.bool,
                                                                          device=x.device)
         mask = mask.unsqueeze(1)                                              # [N, 1, L, L]
-        for layer in self.layers:
+        def block(layer, x):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
             x = x + self._attend(attn, q, k, v, mask)
-            x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+            return x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+        for layer in self.layers:
+            x = self._run(block, layer, x)
         return self._norm(x, self.norm)
 
     def completion_hidden(self, prompt_ids, prompt_mask, prompt_of, completion_ids) -> torch.Tensor:
@@ -142,7 +154,7 @@ class Decoder:
         causal_c = torch.ones(T, T, dtype=torch.bool, device=x_p.device).tril()
         mask_c = torch.cat([prompt_mask.bool()[prompt_of, None, :].expand(N, T, P),
                             causal_c.expand(N, T, T)], dim=-1).unsqueeze(1)         # [N, 1, T, P+T]
-        for layer in self.layers:
+        def block(layer, x_p, x_c):
             attn = layer.self_attn
             q_p, k_p, v_p = self._qkv(attn, self._norm(x_p, layer.input_layernorm), cos_p, sin_p)
             q_c, k_c, v_c = self._qkv(attn, self._norm(x_c, layer.input_layernorm), cos_c, sin_c)
@@ -151,7 +163,9 @@ class Decoder:
             x_p = x_p + self._attend(attn, q_p, k_p, v_p, mask_p)
             x_c = x_c + self._attend(attn, q_c, k, v, mask_c)
             x_p = x_p + self._mlp(layer.mlp, self._norm(x_p, layer.post_attention_layernorm))
-            x_c = x_c + self._mlp(layer.mlp, self._norm(x_c, layer.post_attention_layernorm))
+            return x_p, x_c + self._mlp(layer.mlp, self._norm(x_c, layer.post_attention_layernorm))
+        for layer in self.layers:
+            x_p, x_c = self._run(block, layer, x_p, x_c)
         last_prompt = share(self._norm(x_p[:, -1:], self.norm), prompt_of)          # [N, 1, H]
         return torch.cat([last_prompt, self._norm(x_c[:, :-1], self.norm)], dim=1)
 

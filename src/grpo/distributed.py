@@ -130,15 +130,19 @@ def barrier(world: World) -> None:
 
 # FSDP2: parameters, gradients and optimizer state sharded over the ranks (`parallel=fsdp`).
 
-def shard(model, world: World):
-    """`fully_shard` each decoder layer, then the whole model, over all ranks."""
+def shard(model, world: World, bf16_compute: bool = False):
+    """`fully_shard` each decoder layer, then the whole model, over all ranks; `bf16_compute`:
+    FSDP2's MixedPrecisionPolicy, bfloat16 parameters in the forward and backward, gradients
+    reduced in float32, the sharded master weights float32."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world.size,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if bf16_compute else MixedPrecisionPolicy()
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     for layer in getattr(getattr(inner, inner.base_model_prefix), "layers", []):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

@@ -158,7 +158,8 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
             logits = _append(lean, state, logits, batch, episodes, tokens, tokenizer, limits)
     finally:
         model.train(was_training)
-    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature if not greedy else 1.0)
+    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature if not greedy else 1.0,
+                       top_p if not greedy else 1.0)
 
 
 def start_episode(row: dict, make_env, tools: dict[str, Tool], limits: EpisodeLimits) -> Episode:
@@ -206,7 +207,7 @@ def _add_answer(ep: Episode, ids: list[int], limits: EpisodeLimits) -> list[int]
 def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list[str],
                               rows: list[dict], group_size: int, *, make_env, tools: dict[str, Tool],
                               call_format: str | CallFormat, limits: EpisodeLimits,
-                              temperature: float) -> Rollout:
+                              temperature: float, top_p: float = 1.0) -> Rollout:
     """Episodes on an engine that keeps its own cache (vLLM, whose prefix cache makes each turn
     cost its new tokens): `generate_turns(histories, max_tokens, stop)` gets every live episode's
     token ids so far (prompt included) and returns, per episode, (new token ids, their log-probs,
@@ -243,7 +244,7 @@ def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list
             if not episodes[i].done:
                 _add_answer(episodes[i], tokenizer(answer, add_special_tokens=False).input_ids
                             if answer else [], limits)
-    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature)
+    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature, top_p)
 
 
 def _append(lean, state, logits, batch, episodes, tokens: list[list[int]], tokenizer,
@@ -325,7 +326,7 @@ def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat
 
 
 def _to_rollout(episodes: list[Episode], prompts: list[str], enc, G: int, tokenizer,
-                temperature: float) -> Rollout:
+                temperature: float, top_p: float = 1.0) -> Rollout:
     N = len(episodes)
     T = max(1, max(len(ep.ids) for ep in episodes))
     pad = tokenizer.pad_token_id
@@ -359,7 +360,7 @@ def _to_rollout(episodes: list[Episode], prompts: list[str], enc, G: int, tokeni
         completion_ids=completion_ids, completion_mask=completion_mask,
         sampler_logprobs=sampler_logprobs * completion_mask,
         truncated=torch.tensor([ep.truncated for ep in episodes]),
-        temperature=temperature, context_mask=context_mask,
+        temperature=temperature, top_p=top_p, context_mask=context_mask,
         episodes={
             "turns": [len(ep.turn_ends) for ep in episodes],
             "turn_ends": [list(ep.turn_ends) for ep in episodes],

@@ -139,13 +139,15 @@ class _SelectedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, inv_temp: float, chunk: int):
+    def forward(ctx, hidden, weight, bias, targets, inv_temp: float, chunk: int, top_p: float = 1.0):
         M = hidden.shape[0]
         logp, lse, entropy = (hidden.new_empty(M, dtype=torch.float32) for _ in range(3))
         buffers = _Buffers(min(chunk, M), weight.shape[0], hidden.device)
         for start in range(0, M, chunk):
             rows = slice(start, start + chunk)
             shifted = buffers.logits(hidden[rows], weight, bias, inv_temp)
+            if top_p < 1.0:
+                nucleus_(shifted, top_p, targets[rows])               # -inf outside the nucleus
             top = shifted.amax(-1, keepdim=True)
             shifted.sub_(top)                                      # logits - max
             probs = torch.exp(shifted, out=buffers.second(len(shifted)))
@@ -153,10 +155,12 @@ class _SelectedLogprobs(torch.autograd.Function):
             log_total = total.log()
             logp[rows] = (shifted.gather(-1, targets[rows, None]) - log_total).squeeze(-1)
             lse[rows] = (top + log_total).squeeze(-1)
+            if top_p < 1.0:
+                shifted.clamp_(min=torch.finfo(torch.float32).min)  # 0 * -inf would be NaN
             # entropy = log Z - sum p * (logits - max) / Z, with Z = sum exp(logits - max)
             entropy[rows] = (log_total - probs.mul_(shifted).sum(-1, keepdim=True) / total).squeeze(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.inv_temp, ctx.chunk = inv_temp, chunk
+        ctx.inv_temp, ctx.chunk, ctx.top_p = inv_temp, chunk, top_p
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -173,6 +177,8 @@ class _SelectedLogprobs(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
             d_logits = buffers.logits(h, weight, bias, ctx.inv_temp)
+            if ctx.top_p < 1.0:
+                nucleus_(d_logits, ctx.top_p, targets[rows])          # the same nucleus: exp -> 0
             g = grad_logp[rows].float()
             d_logits.sub_(lse[rows, None]).exp_().mul_(-g[:, None])   # -g * softmax
             d_logits.scatter_add_(-1, targets[rows, None], g[:, None])  # + g at the target
@@ -185,7 +191,21 @@ class _SelectedLogprobs(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += d_logits.sum(0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None)
+
+
+def nucleus_(logits: torch.Tensor, top_p: float, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """Top-p in place on [rows, V] logits (already divided by the temperature): -inf outside the
+    smallest set of most likely tokens whose probability reaches top_p, the rule of transformers'
+    TopPLogitsWarper that the samplers draw with. A row's target is always kept: it was drawn, so
+    it was in the sampler's nucleus (float noise between two computations can put it at the edge)."""
+    ascending, order = torch.sort(logits, dim=-1)
+    drop_sorted = ascending.softmax(-1).cumsum_(-1) <= (1 - top_p)
+    drop_sorted[..., -1] = False                     # the most likely token always stays
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    if targets is not None:
+        drop.scatter_(-1, targets[:, None], False)
+    return logits.masked_fill_(drop, float("-inf"))
 
 
 class _Buffers:
@@ -214,11 +234,14 @@ class _Buffers:
 
 
 def selected_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
-                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      temperature: float = 1.0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [M] of `targets` [M] and entropies [M] from final hidden states [M, H] and the
-    output head, in chunks of about LOGIT_CHUNK_ELEMENTS logits (see `_SelectedLogprobs`)."""
-    chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
-    return _SelectedLogprobs.apply(hidden, head.weight, head.bias, targets, 1.0 / temperature, chunk)
+    output head, in chunks of about LOGIT_CHUNK_ELEMENTS logits (see `_SelectedLogprobs`); with
+    top_p < 1, of the truncated, renormalized distribution the sampler drew from (`nucleus_`),
+    in chunks a quarter as large (the sort needs room)."""
+    chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0] // (4 if top_p < 1.0 else 1))
+    return _SelectedLogprobs.apply(hidden, head.weight, head.bias, targets, 1.0 / temperature, chunk,
+                                   top_p)
 
 
 def _head_is_plain(model) -> bool:
@@ -245,11 +268,12 @@ def _lean_hidden(lean, input_ids, attention_mask, position_ids, T: int) -> torch
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_len: int, with_entropy: bool = False, temperature: float = 1.0,
-                   completion_mask: torch.Tensor | None = None):
+                   completion_mask: torch.Tensor | None = None, top_p: float = 1.0):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: [N, P+T], prompts left-padded, completions right-padded.
-    `temperature` divides the logits, so the policy trained is the one that sampled.
+    `temperature` divides the logits and `top_p` truncates them as the sampler did (nucleus_), so
+    the policy trained is the distribution that sampled.
     Returns logp [N, T] (0 where `completion_mask`, default the last T of `attention_mask`, is 0)
     and, if asked, the entropy of each next-token distribution [N, T] (0 there too, no gradient).
 
@@ -259,6 +283,18 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     T = completion_len
     if hasattr(model, "get_base_model"):  # a peft model: its adapters live inside the base model
         model = model.get_base_model()
+    compute = getattr(model, "grpo_autocast", None)
+    if compute is not None and not decoder.sharded(model):   # FSDP2 casts by its own policy
+        with torch.autocast(input_ids.device.type, dtype=compute):
+            hidden_or_logp = _token_logprobs(model, input_ids, attention_mask, T, with_entropy,
+                                             temperature, completion_mask, top_p, head_in_fp32=True)
+        return hidden_or_logp
+    return _token_logprobs(model, input_ids, attention_mask, T, with_entropy, temperature,
+                           completion_mask, top_p)
+
+
+def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool, temperature: float,
+                    completion_mask, top_p: float, head_in_fp32: bool = False):
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -267,9 +303,17 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         # A head that is more than a linear layer, or FSDP2 shards (gathered by the root's forward)
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids, use_cache=False).logits[:, -T - 1:-1].float()
-        logp_all = F.log_softmax(logits / temperature, dim=-1)
+        # (under autocast the head ran in bfloat16 here: only a head that is not a plain linear
+        # layer, or FSDP2, takes this path)
+        logits = logits / temperature
+        if top_p < 1.0:
+            flat = logits.detach().reshape(-1, logits.shape[-1]).clone()
+            keep = nucleus_(flat, top_p, targets.reshape(-1)).view_as(logits).isfinite()
+            logits = logits.masked_fill(~keep, float("-inf"))
+        logp_all = F.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-        entropy = (-(logp_all.exp() * logp_all).sum(-1) * mask).detach()
+        entropy = (-(logp_all.exp() * logp_all.clamp(min=torch.finfo(logp_all.dtype).min)).sum(-1)
+                   * mask).detach()
         return logp, entropy if with_entropy else None
     if decoder.supports(model):
         hidden = _lean_hidden(decoder.Decoder(model), input_ids, attention_mask, position_ids, T)
@@ -277,8 +321,13 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         backbone = getattr(model, model.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False).last_hidden_state[:, -T - 1:-1]
-    logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
-                                              targets[mask], temperature)    # [M]
+    if head_in_fp32:      # the output head in float32, whatever the compute dtype
+        with torch.autocast(input_ids.device.type, enabled=False):
+            logp_sel, entropy_sel = selected_logprobs(hidden[mask].float(), model.get_output_embeddings(),
+                                                      targets[mask], temperature, top_p)
+    else:
+        logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
+                                                  targets[mask], temperature, top_p)    # [M]
     logp = logp_sel.new_zeros(mask.shape).masked_scatter(mask, logp_sel)
     if not with_entropy:
         return logp, None

@@ -87,7 +87,7 @@ class HFSampler:
             prompt_mask=enc.attention_mask.repeat_interleave(group_size, dim=0),
             completion_ids=completion_ids, completion_mask=completion_mask,
             sampler_logprobs=sampler_logprobs, truncated=truncated,
-            temperature=1.0 if greedy else self.temperature,
+            temperature=1.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
         )
 
 

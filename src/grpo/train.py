@@ -222,8 +222,9 @@ def make_learner(c: TrainConfig, policy, tokenizer, world: distributed.World = d
     if ref is not None and ref_state is not None:   # a resumed run's reference
         ref.load_state_dict(ref_state, strict=False)
     if c.run.parallel == "fsdp" and distributed.initialized():   # under torchrun, any size
-        policy = distributed.shard(policy, world)
-        ref = distributed.shard(ref, world) if ref is not None else None
+        bf16 = c.optim.mixed_precision == "bf16"
+        policy = distributed.shard(policy, world, bf16)
+        ref = distributed.shard(ref, world, bf16) if ref is not None else None
     optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
     return Learner(
         policy=policy, ref=ref, sampler=make_sampler(c, policy, tokenizer),

@@ -76,7 +76,7 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
     for rows in length_batches(rollout, micro_batch_size, token_budget(max_tokens, model)):
         part = rollout.rows(rows).trimmed().to(device)
         logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
-                                 part.completion_ids.shape[1], temperature=part.temperature,
+                                 part.completion_ids.shape[1], temperature=part.temperature, top_p=part.top_p,
                                  completion_mask=part.completion_mask)
         out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
     return out * rollout.completion_mask
@@ -146,7 +146,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         part = needed.rows(rows).trimmed().to(device)
         T = part.completion_ids.shape[1]
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
-                                       with_entropy=True, temperature=part.temperature,
+                                       with_entropy=True, temperature=part.temperature, top_p=part.top_p,
                                        completion_mask=part.completion_mask)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
@@ -172,7 +172,7 @@ def _zero_passes(policy, part: Rollout, n: int) -> None:
     part in the same gathers and reductions as the other processes' real passes."""
     for _ in range(n):
         logp, _ = token_logprobs(policy, part.input_ids, part.attention_mask,
-                                 part.completion_ids.shape[1], temperature=part.temperature)
+                                 part.completion_ids.shape[1], temperature=part.temperature, top_p=part.top_p)
         (logp.sum() * 0.0).backward()
 
 

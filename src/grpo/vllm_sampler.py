@@ -101,14 +101,17 @@ class VLLMSampler:
                 prompts, rows if rows is not None else [{} for _ in prompts], group_size,
                 make_env=a.make_env, tools=a.tools, call_format=self.call_format or a.call_format,
                 limits=a.limits,
-                temperature=1.0 if greedy else self.temperature)
+                temperature=1.0 if greedy else self.temperature,
+                top_p=1.0 if greedy else self.top_p)
         params = self.vllm.SamplingParams(
             n=group_size, temperature=0.0 if greedy else self.temperature,
             top_p=1.0 if greedy else self.top_p, max_tokens=self.max_new_tokens, logprobs=0,
             skip_special_tokens=True)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return rollout_from_outputs(prompts, outputs, group_size, tok, self.max_new_tokens,
-                                    1.0 if greedy else self.temperature)
+        r = rollout_from_outputs(prompts, outputs, group_size, tok, self.max_new_tokens,
+                                 1.0 if greedy else self.temperature)
+        r.top_p = 1.0 if greedy else self.top_p
+        return r
 
 
     def _turns(self, histories: list[list[int]], room: list[int], stop: str,
