@@ -20,3 +20,23 @@ def test_summarize_counts_a_groups_prompt_once_and_skips_the_first_step():
     assert out["model_flops_per_s"] == 1200
     assert out["sec_per_step"] == 2.0 and out["tokens_per_s"] == 10.0
     assert out["step_times"] == [9.0, 2.0]
+
+
+def test_the_gpu_check_runs_its_smoke_mode_on_a_cpu(tmp_path):
+    """benchmarks/gpu_check.py is run on GPUs only when one is lent; its --smoke mode (tiny
+    shapes) checks here that every figure it reports is measured and written."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    done = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
+    smoke = report["models"]["smoke"]
+    for key in ("sampling_tokens_per_s", "update_tokens_per_s", "model_flops_per_s", "peak_fraction"):
+        assert smoke[key] > 0, key
+    assert 0 < smoke["logp_max_abs_diff"] < 0.1      # bfloat16 autocast against float32
+    assert smoke["completion_len_mean"] > 8 and set(smoke["split_s"]) == {"sample", "reward",
+                                                                           "reference", "update"}

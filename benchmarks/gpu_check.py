@@ -1,0 +1,179 @@
+"""The GPU check: one command, on one CUDA GPU, needing only torch, transformers and this package.
+
+    python benchmarks/gpu_check.py                   # Qwen2.5-0.5B- and 1.5B-shaped models, ~5-8 min
+    python benchmarks/gpu_check.py --smoke           # tiny shapes, short lengths: checks the script (CPU too)
+
+No vLLM and no download: each model is built from a Qwen2.5-shaped configuration with random weights
+and a character tokenizer padded to Qwen2.5's 151,936-token vocabulary (a random model of that
+width almost never samples EOS, so completions run to `max_new_tokens`). For each shape it trains
+a few GRPO steps (float32 master weights, mixed_precision=bf16, gradient checkpointing, 8 prompts x
+8 completions of 1,024 new tokens) and reports:
+
+    sampling_tokens_per_s   completion tokens per second of the sampling phase
+    update_tokens_per_s     completion tokens per second of the update phase (forward+backward+AdamW)
+    model_flops_per_s       grpo.bench's model-FLOP estimate per second of step
+    peak_fraction           model_flops_per_s / the bf16 matrix-multiply rate measured in this run
+    peak_gpu_memory_gb      torch.cuda.max_memory_allocated over the steps
+    split_s                 median seconds per step in sample, reward, reference, update
+    logp_max_abs_diff       largest |log p| difference between CUDA bfloat16 (autocast) and CPU
+                            float32 on the same rows (4 rows x 256 tokens)
+
+and writes one JSON file to benchmarks/results/ (its path is printed last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {   # Qwen2.5's published configurations, less the weights
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+}
+SMOKE = {"smoke": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)}
+REWARD = '''
+def distinct(prompts, completions, **columns):
+    """Varies between a random model's completions, so advantages and updates are not 0."""
+    return [len(set(c[:200])) / 100 for c in completions]
+'''
+
+
+def build(shape: dict, vocab: int, where: Path) -> Path:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from grpo.models import build_tiny_tokenizer
+    tokenizer = build_tiny_tokenizer(vocab)
+    config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=32768,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                         **shape)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(where)
+    tokenizer.save_pretrained(where)
+    return where
+
+
+def bf16_matmul_rate(device: str, size: int) -> float:
+    """Median FLOP/s of a bfloat16 [size x size] product on `device` (float32 on a CPU)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    rates = []
+    for _ in range(8):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        rates.append(4 * 2 * size ** 3 / (time.perf_counter() - start))
+    return statistics.median(rates[1:])
+
+
+def logp_difference(model_dir: Path, device: str, rows: int, tokens: int) -> float:
+    """max |log p| between the trainer's bfloat16-autocast pass on `device` and float32 on a CPU."""
+    from grpo.models import load_policy, token_logprobs
+    cpu = load_policy(str(model_dir))
+    torch.manual_seed(1)
+    ids = torch.randint(10, 90, (rows, tokens))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        exact, _ = token_logprobs(cpu, ids, mask, tokens - 8)
+        fast = cpu.to(device)
+        fast.grpo_autocast = torch.bfloat16
+        got, _ = token_logprobs(fast, ids.to(device), mask.to(device), tokens - 8)
+    return float((got.float().cpu() - exact).abs().max())
+
+
+def check(name: str, shape: dict, args, device: str, peak: float, work: Path) -> dict:
+    from grpo.bench import flops_per_step
+    from grpo.config import build_config
+    from grpo.train import train
+    model_dir = build(shape, args.vocab, work / name)
+    data = work / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say something about {i}.", "answer": "x"}) + "\n"
+                            for i in range(64)))
+    config = build_config({
+        "model": str(model_dir), "dataset": str(data), "rewards": ["gpu_check_reward:distinct"],
+        "dtype": "float32", "mixed_precision": "bf16", "gradient_checkpointing": True,
+        "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.tokens,
+        "steps": args.steps, "sft_steps": 0, "eval_every": 0, "save_every": 0, "beta": 0.04,
+        "lr": 1e-6, "tis_cap": 2.0, "output_dir": str(work / f"run-{name}")})
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    result = train(config, log=lambda line: print(f"  {name}: {line}", file=sys.stderr),
+                   write_files=False)
+    wall = time.perf_counter() - started
+    steps = [m for m in result.history if "time/step_s" in m]
+    timed = steps[1:] if len(steps) > 1 else steps      # the first step pays the warm-up
+    med = lambda key: statistics.median(m.get(key, 0.0) for m in timed)   # noqa: E731
+    params = sum(p.numel() for p in result.policy.parameters())
+    flops = statistics.median(flops_per_step(params, m["tokens/prompt"] / args.group
+                                             + m["tokens/completion"], 1, 0.04) / m["time/step_s"]
+                              for m in timed)
+    out = {
+        "params": params, "steps": len(steps), "wall_s": round(wall, 1),
+        "completion_len_mean": round(statistics.mean(m["completion/len_mean"] for m in timed), 1),
+        "sampling_tokens_per_s": round(med("tokens/completion") / med("time/sample_s"), 1),
+        "update_tokens_per_s": round(med("tokens/completion") / med("time/update_s"), 1),
+        "model_flops_per_s": float(f"{flops:.4g}"), "peak_fraction": round(flops / peak, 4),
+        "split_s": {k: round(med(f"time/{k}_s"), 3) for k in ("sample", "reward", "reference", "update")},
+        "sec_per_step": round(med("time/step_s"), 3),
+        "sampler_logp_diff": round(statistics.mean(m.get("sampler/logp_diff", float("nan"))
+                                                   for m in timed), 5),
+    }
+    if device == "cuda":
+        out["peak_gpu_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+        del result
+        torch.cuda.empty_cache()
+    out["logp_max_abs_diff"] = logp_difference(model_dir, device, 4, args.logp_tokens)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and lengths (runs on a CPU)")
+    ap.add_argument("--only", choices=sorted(SHAPES), help="one of the shapes")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cuda" and not args.smoke:
+        raise SystemExit("no CUDA GPU here: run with --smoke to check the script on a CPU")
+    shapes = SMOKE if args.smoke else ({args.only: SHAPES[args.only]} if args.only else SHAPES)
+    args.vocab = 512 if args.smoke else 151936
+    args.tokens, args.prompts, args.group = (16, 2, 4) if args.smoke else (1024, 8, 8)
+    args.steps = 2 if args.smoke else 3
+    args.logp_tokens = 32 if args.smoke else 256
+    peak = bf16_matmul_rate(device, 256 if args.smoke else 8192)
+    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "matmul_rate_flops": float(f"{peak:.4g}"),
+              "matmul_dtype": "bfloat16" if device == "cuda" else "float32",
+              "new_tokens": args.tokens, "prompts_x_group": [args.prompts, args.group], "models": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "gpu_check_reward.py").write_text(REWARD)
+        sys.path.insert(0, str(work))
+        for name, shape in shapes.items():
+            report["models"][name] = check(name, shape, args, device, peak, work)
+            print(json.dumps({name: report["models"][name]}), file=sys.stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu_check{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
