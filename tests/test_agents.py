@@ -471,3 +471,28 @@ def test_each_limit_truncates_the_episode(talker, engine):
     # a turn cut at turn_tokens: a 1-token turn cannot end with EOS after a digit
     r = run(EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500))
     assert r.truncated.any() and all(t == 1 for t, cut in zip(r.episodes["turns"], r.truncated) if cut)
+
+
+def word_count(text: str) -> int:
+    """Count the words of a text.
+
+    Args:
+        text: the text
+    """
+    return len(text.split())
+
+
+def test_tools_and_an_environment_given_from_python(agent_model_dir, tmp_path):
+    from grpo.config import build_config
+    from grpo.train import train
+    config = build_config({"model": str(agent_model_dir), "task": "calculator", "max_turns": 3,
+                           "max_new_tokens": 12, "prompts_per_step": 2, "group_size": 4, "steps": 1,
+                           "sft_steps": 0, "eval_every": 0, "threads": 1,
+                           "output_dir": str(tmp_path / "run")})
+    from grpo.build import agent_of
+    result = train(config, tools=[word_count], environment=GuessNumber, log=lambda line: None)
+    assert "episode/turns_mean" in result.history[-1]
+    agent = agent_of(config)                  # what the run's sampler and prompts were built from
+    assert sorted(agent.tools) == ["calculator", "word_count"] and agent.make_env is GuessNumber
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert "word_count(text)" in sample["prompt"] and "calculator(expression)" in sample["prompt"]
