@@ -37,13 +37,8 @@ HARNESS = (Path(__file__).parent / "harness.py").read_text()
 _UIDS = itertools.count()
 _UID_BASE = 200_000
 
-# Runs as root inside the new session; argv[1] is JSON settings. Forks the program, which drops to
-# the sandbox user and execs the harness; waits for it until the deadline, then kills and reaps
-# everything it left. Exit status: 0 the harness exited cleanly, 1 it did not, 124 the deadline.
-_LAUNCHER = r"""
-import ctypes, json, os, resource, sys, time
-s = json.loads(sys.argv[1])
-
+# Both scripts below count the live (not zombie) processes of a user id from /proc.
+_ALIVE = r"""
 def alive(uid):
     found = 0
     for pid in os.listdir("/proc"):
@@ -53,9 +48,17 @@ def alive(uid):
                     fields = dict(l.split(":", 1) for l in f if ":" in l)
             except OSError:
                 continue
-            # a zombie is dead already; it stays listed until its parent (this launcher) reaps it
+            # a zombie is dead already; it stays listed until its parent reaps it
             found += int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z")
     return found
+"""
+
+# Runs as root inside the new session; argv[1] is JSON settings. Forks the program, which drops to
+# the sandbox user and execs the harness; waits for it until the deadline, then kills and reaps
+# everything it left. Exit status: 0 the harness exited cleanly, 1 it did not, 124 the deadline.
+_LAUNCHER = "import ctypes, json, os, resource, sys, time\n" + _ALIVE + r"""
+s = json.loads(sys.argv[1])
+
 
 if s["isolate"]:
     libc = ctypes.CDLL(None, use_errno=True)
@@ -173,28 +176,15 @@ def _read_capped(stream, cap: int, sink: list) -> None:
             kept += len(sink[-1])
 
 
-_KILLER = r"""
-import os, sys, time
+_KILLER = "import os, sys, time\n" + _ALIVE + r"""
 uid = int(sys.argv[1])
 os.setgroups([]); os.setgid(uid); os.setuid(uid)
-def others():
-    found = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid():
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    fields = dict(l.split(":", 1) for l in f if ":" in l)
-            except OSError:
-                continue
-            # a zombie is dead already; it stays listed until its parent reaps it
-            found += int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z")
-    return found
 for _ in range(300):                 # a fork bomb forks while we kill: repeat until none is left
     try:
         os.kill(-1, 9)
     except ProcessLookupError:
         pass
-    if not others():
+    if not alive(uid):
         break
     time.sleep(0.01)
 """
