@@ -108,3 +108,94 @@ def test_a_group_shares_its_prompts_prefill_and_decodes_as_if_each_row_had_its_o
     torch.testing.assert_close(dec.step(tokens + 5, shared),
                                last_logits(model, *append(seq, seq_mask, tokens + 5)),
                                rtol=1e-4, atol=1e-5)
+
+
+def prompts_and_completions():
+    """Three rows: left-padded prompts of 2, 4 and 1 tokens, right-padded completions of 3, 1, 2."""
+    prompt = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 0, 0, 11]])
+    completion = torch.tensor([[12, 13, 14], [15, 0, 0], [16, 17, 0]])
+    ids = torch.cat([prompt, completion], 1)
+    mask = torch.cat([(prompt != 0), (completion != 0)], 1).long()
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+class AttentionCalls:
+    """Records the mask of every attention call the decoder makes."""
+
+    def __init__(self, monkeypatch):
+        import grpo.decoder
+        self.masks, real = [], grpo.decoder.F.scaled_dot_product_attention
+
+        def record(q, k, v, attn_mask=None, **kw):
+            self.masks.append(attn_mask)
+            return real(q, k, v, attn_mask=attn_mask, **kw)
+        monkeypatch.setattr(grpo.decoder.F, "scaled_dot_product_attention", record)
+
+
+def test_left_and_right_padded_rows_need_no_mask_and_match_hugging_face(model, monkeypatch):
+    ids, mask, pos = prompts_and_completions()
+    backbone = getattr(model, model.base_model_prefix)
+    want = backbone(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    calls = AttentionCalls(monkeypatch)
+    got = Decoder(model).hidden(ids, mask, pos)
+    assert calls.masks and all(m is None for m in calls.masks)   # causal, no [N, 1, L, L] mask
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(got).all()
+    (want[real] ** 2).sum().backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    (Decoder(model).hidden(ids, mask, pos)[real] ** 2).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    model.zero_grad()
+
+
+def test_a_row_with_a_hole_falls_back_to_a_mask_and_still_matches(model, monkeypatch):
+    ids, mask, pos = prompts_and_completions()
+    mask[0, 5] = 0                    # a hole inside row 0's run of real tokens
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    backbone = getattr(model, model.base_model_prefix)
+    want = backbone(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    calls = AttentionCalls(monkeypatch)
+    got = Decoder(model).hidden(ids, mask, pos)
+    assert all(m is not None for m in calls.masks)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_shared_prompts_of_different_lengths_match_each_row_computed_whole(model, monkeypatch):
+    # completion_hidden lays each row out as [prompt | completion | prompt padding] and attends
+    # causally: the hidden states and the gradients equal Hugging Face's on the whole rows.
+    ids, mask, pos = prompts_and_completions()
+    ids, mask, pos = (t.repeat_interleave(2, 0) for t in (ids, mask, pos))   # groups of two
+    ids[1, 4:], ids[3, 4:] = torch.tensor([18, 19, 20]), torch.tensor([21, 22, 0])
+    mask[1, 4:], mask[3, 4:] = 1, torch.tensor([1, 1, 0])
+    P, T = 4, 3
+    backbone = getattr(model, model.base_model_prefix)
+    torch.manual_seed(0)
+    weights = torch.randn(6, T, model.config.hidden_size) * mask[:, P:, None]
+    want = backbone(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state[:, P - 1:-1]
+    (want * weights).sum().backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    prompts, prompt_of = torch.unique(torch.cat([ids[:, :P], mask[:, :P]], 1), dim=0, return_inverse=True)
+    assert len(prompts) == 3
+    calls = AttentionCalls(monkeypatch)
+    got = Decoder(model).completion_hidden(prompts[:, :P], prompts[:, P:], prompt_of, ids[:, P:])
+    assert calls.masks and all(m is None for m in calls.masks)
+    real = mask[:, P:].bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    (got * weights).sum().backward()
+    scale = max(g.abs().max().item() for g in want_grads.values())
+    for name, p in model.named_parameters():   # float32 sums in another order
+        torch.testing.assert_close(p.grad, want_grads[name], rtol=1e-4, atol=1e-6 * scale, msg=name)
+    model.zero_grad()
+
+
+def test_prefill_of_ragged_prompts_needs_no_mask(model, monkeypatch):
+    ids, mask, _ = batch()
+    calls = AttentionCalls(monkeypatch)
+    logits, _ = Decoder(model).start(ids, mask, max_new_tokens=2)
+    assert calls.masks and all(m is None for m in calls.masks)
+    torch.testing.assert_close(logits, last_logits(model, ids, mask), rtol=1e-4, atol=1e-5)

@@ -102,24 +102,51 @@ class Decoder:
     def _mlp(self, mlp, h):
         return _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
 
-    def _attend(self, attn, q, k, v, mask):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                             enable_gqa=self.kv_heads != self.heads)
+    def _sdpa(self, q, k, v, mask=None):
+        """Attention [n, heads, L, d]; with no mask, causal (query j sees keys 0..j), which the
+        fused kernel computes block by block without any [L, L] tensor."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              enable_gqa=self.kv_heads != self.heads)
+
+    def _out(self, attn, out):
         n, _, L, _ = out.shape
-        out = out.transpose(1, 2).reshape(n, L, self.heads * self.head_dim)
-        return _linear(attn.o_proj, out)
+        return _linear(attn.o_proj, out.transpose(1, 2).reshape(n, L, self.heads * self.head_dim))
+
+    def _attend(self, attn, q, k, v, mask=None):
+        return self._out(attn, self._sdpa(q, k, v, mask))
 
     # -- full sequences ----------------------------------------------------------------------
+    # No pass builds a [rows, tokens, tokens] mask. Each row's real tokens are one run (prompts
+    # left-padded, completions right-padded), so the rows are rotated to put that run first; then
+    # plain causal attention is exact for every real token (it sees only real tokens before it),
+    # positions travel with the tokens, and the fused kernel never forms the [L, L] scores.
     def hidden(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Final hidden states [N, L, H] of left- or right-padded rows."""
+        valid = attention_mask.bool()
+        if not one_run(valid):     # holes inside a row: an explicit mask, [N, 1, L, L]
+            return self._masked_hidden(input_ids, valid, position_ids)
+        L = input_ids.shape[1]
+        first = valid.int().argmax(-1)                                        # leading padding
+        ahead = (torch.arange(L, device=valid.device) + first[:, None]) % L   # [N, L]
+        x = self._embed(input_ids.gather(1, ahead))
+        cos, sin = self.rotary(x, position_ids.gather(1, ahead))
+        def block(layer, x):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
+            x = x + self._attend(attn, q, k, v)
+            return x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
+        for layer in self.layers:
+            x = self._run(block, layer, x)
+        back = (torch.arange(L, device=valid.device) - first[:, None]) % L
+        return self._norm(x, self.norm).gather(1, back[..., None].expand(-1, -1, x.shape[-1]))
+
+    def _masked_hidden(self, input_ids, valid, position_ids) -> torch.Tensor:
         x = self._embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
         L = input_ids.shape[1]
         causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
         # A padding query may see only itself, so no row of the mask is empty (that would be NaN).
-        mask = (causal & attention_mask.bool()[:, None, :]) | torch.eye(L, dtype=torch.bool,
-                                                                         device=x.device)
-        mask = mask.unsqueeze(1)                                              # [N, 1, L, L]
+        mask = ((causal & valid[:, None, :]) | torch.eye(L, dtype=torch.bool, device=x.device)).unsqueeze(1)
         def block(layer, x):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
@@ -132,36 +159,47 @@ class Decoder:
     def completion_hidden(self, prompt_ids, prompt_mask, prompt_of, completion_ids) -> torch.Tensor:
         """Hidden states [N, T, H] at the positions that predict each completion token, for N
         completions of B distinct left-padded prompts [B, P]; row i continues prompt
-        `prompt_of[i]`. Each prompt is computed once and its keys and values are shared by its
-        completions (a group of G shares one prompt), so the prompt costs 1/G of a padded batch.
-        The gradient reaches the prompt positions through the shared keys and values.
+        `prompt_of[i]`. Each prompt's projections and MLP are computed once and its keys and
+        values are shared by its completions (a group of G shares one prompt), so the prompt
+        costs 1/G of a padded batch. The gradient reaches the prompt through the shared keys,
+        values and queries.
 
-        Completions are right-padded: their keys need only the causal mask, because a real token
-        never comes after padding in its row.
+        Attention runs on each completion row laid out as [prompt's real tokens | completion |
+        prompt's padding], causal: exact for every real token with no mask at all. The prompt's
+        own queries ride along in that layout (their outputs are read from one row per prompt),
+        which costs G-fold prompt attention and saves any [T, P + T] mask.
         """
         B, P = prompt_ids.shape
         N, T = completion_ids.shape
+        device = completion_ids.device
+        length = prompt_mask.sum(-1)                                          # [B] real prompt tokens
         prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        completion_positions = prompt_mask.sum(-1)[prompt_of, None] + torch.arange(
-            T, device=completion_ids.device)
+        completion_positions = length[prompt_of, None] + torch.arange(T, device=device)
         x_p = self._embed(prompt_ids)
         x_c = self._embed(completion_ids)
         cos_p, sin_p = self.rotary(x_p, prompt_positions)
         cos_c, sin_c = self.rotary(x_c, completion_positions)
-        eye = torch.eye(P, dtype=torch.bool, device=x_p.device)
-        causal_p = torch.ones(P, P, dtype=torch.bool, device=x_p.device).tril()
-        mask_p = ((causal_p & prompt_mask.bool()[:, None, :]) | eye).unsqueeze(1)   # [B, 1, P, P]
-        causal_c = torch.ones(T, T, dtype=torch.bool, device=x_p.device).tril()
-        mask_c = torch.cat([prompt_mask.bool()[prompt_of, None, :].expand(N, T, P),
-                            causal_c.expand(N, T, T)], dim=-1).unsqueeze(1)         # [N, 1, T, P+T]
+        # the layout's gather index from [prompt (left-padded) | completion], and its inverse
+        p = length[prompt_of, None]                                            # [N, 1]
+        pad = P - p
+        j = torch.arange(P + T, device=device)[None]
+        take = torch.where(j < p, pad + j, torch.where(j < p + T, P + j - p, j - p - T))
+        back = torch.where(j < pad, p + T + j, torch.where(j < P, j - pad, j - P + p))
+        first = torch.full((B,), N, device=device, dtype=torch.long).scatter_reduce(
+            0, prompt_of, torch.arange(N, device=device), "amin")             # a row of each prompt
+
+        def laid_out(x_prompt, x_completion):
+            both = torch.cat([share(x_prompt, prompt_of), x_completion], dim=2)  # [N, h, P+T, d]
+            return both.gather(2, take[:, None, :, None].expand(-1, both.shape[1], -1, both.shape[3]))
+
         def block(layer, x_p, x_c):
             attn = layer.self_attn
             q_p, k_p, v_p = self._qkv(attn, self._norm(x_p, layer.input_layernorm), cos_p, sin_p)
             q_c, k_c, v_c = self._qkv(attn, self._norm(x_c, layer.input_layernorm), cos_c, sin_c)
-            k = torch.cat([share(k_p, prompt_of), k_c], dim=2)
-            v = torch.cat([share(v_p, prompt_of), v_c], dim=2)
-            x_p = x_p + self._attend(attn, q_p, k_p, v_p, mask_p)
-            x_c = x_c + self._attend(attn, q_c, k, v, mask_c)
+            out = self._sdpa(laid_out(q_p, q_c), laid_out(k_p, k_c), laid_out(v_p, v_c))
+            out = out.gather(2, back[:, None, :, None].expand(-1, out.shape[1], -1, out.shape[3]))
+            x_p = x_p + self._out(attn, out[first, :, :P])
+            x_c = x_c + self._out(attn, out[:, :, P:])
             x_p = x_p + self._mlp(layer.mlp, self._norm(x_p, layer.post_attention_layernorm))
             return x_p, x_c + self._mlp(layer.mlp, self._norm(x_c, layer.post_attention_layernorm))
         for layer in self.layers:
@@ -185,18 +223,26 @@ class Decoder:
         values = [x.new_empty(size) for _ in self.layers]
         key_valid = torch.cat([attention_mask.bool(),
                                attention_mask.new_ones(b, max_new_tokens, dtype=torch.bool)], 1)
-        causal = torch.ones(P, P, dtype=torch.bool, device=x.device).tril()
-        mask = ((causal & attention_mask.bool()[:, None, :]) | torch.eye(P, dtype=torch.bool,
-                                                                          device=x.device)).unsqueeze(1)
+        # left-padded prompts rotated to [real tokens | padding] for mask-free causal attention;
+        # the cache keeps the original layout (step and extend read `key_valid`)
+        length = attention_mask.sum(-1)
+        ahead = (torch.arange(P, device=x.device) + (P - length)[:, None]) % P            # [b, P]
+        back = (torch.arange(P, device=x.device) - (P - length)[:, None]) % P
+
+        def unrotate(t):                                                   # [b, kv, P, d]
+            return t.gather(2, back[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+        x = x.gather(1, ahead[..., None].expand(-1, -1, x.shape[-1]))
+        cos, sin = (t.gather(1, ahead[..., None].expand(-1, -1, t.shape[-1])) for t in (cos, sin))
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
             # the cache seen as [B, repeat, ...]: each prompt's k, v broadcast to its rows
-            keys[i].view(b, repeat, *size[1:])[:, :, :, :P] = k[:, None]
-            values[i].view(b, repeat, *size[1:])[:, :, :, :P] = v[:, None]
-            x = x + self._attend(attn, q, k, v, mask)
+            keys[i].view(b, repeat, *size[1:])[:, :, :, :P] = unrotate(k)[:, None]
+            values[i].view(b, repeat, *size[1:])[:, :, :, :P] = unrotate(v)[:, None]
+            x = x + self._attend(attn, q, k, v)
             x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
-        logits = self._logits(self._norm(x[:, -1:], self.norm))
+        last = (length - 1).clamp(min=0)
+        logits = self._logits(self._norm(x[torch.arange(b, device=x.device), last][:, None], self.norm))
         if repeat > 1:
             logits, key_valid, position_ids = (t.repeat_interleave(repeat, 0)
                                                for t in (logits, key_valid, position_ids))
@@ -302,6 +348,12 @@ class _Share(torch.autograd.Function):
 def share(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows of `x` picked by `index` (prompt rows for their completions), deterministically."""
     return _Share.apply(x, index)
+
+
+def one_run(valid: torch.Tensor) -> bool:
+    """True when each row's True entries [N, L] are contiguous (or the row has none)."""
+    starts = (valid[:, 1:] & ~valid[:, :-1]).sum(-1) + valid[:, 0].long()
+    return bool((starts <= 1).all())
 
 
 def unwrap(model):
