@@ -25,6 +25,37 @@ def peak_rss_kb() -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
+def force_lengths(model, tokenizer, lengths: list[int]) -> None:
+    """Every `generate` call of `model` ends row r with EOS at its token lengths[r % len], and
+    never earlier: a logits processor that leaves only EOS at that step and forbids it before."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    eos = tokenizer.eos_token_id
+
+    class Forced(LogitsProcessor):
+        def __init__(self, prompt_len: int):
+            self.prompt_len = prompt_len
+
+        def __call__(self, input_ids, scores):
+            step = input_ids.shape[1] - self.prompt_len          # tokens generated so far
+            want = torch.tensor([lengths[r % len(lengths)] for r in range(len(scores))],
+                                device=scores.device)
+            scores[:, eos] = float("-inf")
+            end = want - 1 == step
+            scores[end] = float("-inf")
+            scores[end, eos] = 0.0
+            return scores
+
+    plain = model.generate
+
+    def generate(*a, **kw):
+        prompt_len = (kw.get("input_ids") if "input_ids" in kw else a[0]).shape[1]
+        kw["logits_processor"] = LogitsProcessorList([Forced(prompt_len)])
+        return plain(*a, **kw)
+    model.generate = generate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -38,6 +69,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--save", default="", help="write the trained model here")
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="completions per forward/backward (gradient accumulation over the rest); "
+                         "0: all of a step's completions in one pass")
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--lengths", default="",
+                    help="comma-separated completion lengths by row: row r of each generated batch "
+                         "ends with EOS at token lengths[r % len] (EOS is never drawn earlier)")
     args = ap.parse_args()
 
     import torch
@@ -66,15 +104,23 @@ def main() -> None:
             self.times.append(time.perf_counter() - self.started)
             print(f"trl step {len(self.times)}/{args.steps} {self.times[-1]:.2f}s", file=sys.stderr)
 
+    if args.lengths:
+        force_lengths(model, tokenizer, [int(x) for x in args.lengths.split(",")])
     timer = StepTimer()
+    rows = args.prompts_per_step * args.group_size
+    micro = args.micro_batch or rows
+    if rows % micro:
+        raise SystemExit(f"--micro-batch {micro} must divide the {rows} completions of a step")
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.prompts_per_step * args.group_size,
-            num_generations=args.group_size, steps_per_generation=1, gradient_accumulation_steps=1,
+            output_dir=out, max_steps=args.steps, per_device_train_batch_size=micro,
+            num_generations=args.group_size, steps_per_generation=rows // micro,
+            gradient_accumulation_steps=rows // micro,
             num_iterations=1, max_completion_length=args.max_new_tokens, beta=args.beta,
             loss_type="grpo", scale_rewards="group", learning_rate=args.lr, lr_scheduler_type="constant",
             warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, temperature=1.0, top_p=1.0,
-            use_cpu=True, bf16=False, gradient_checkpointing=False, disable_dropout=True,
+            use_cpu=True, bf16=False, gradient_checkpointing=args.gradient_checkpointing,
+            disable_dropout=True,
             logging_steps=1, report_to="none", save_strategy="no", seed=args.seed,
             dataloader_num_workers=0, log_completions=False)
         trainer = GRPOTrainer(model=model, reward_funcs=exact_answer, args=config, train_dataset=dataset,

@@ -15,6 +15,19 @@ checkpointing off (its fastest setting) and loss_type "grpo".
     W3 vocabulary   hidden 256, 2 layers, 151,936-token vocabulary, 128 new tokens
     W4 ragged       W2 cold-started (40 supervised steps) on completions of 1 to 63 random digits,
                     so sampled completions end anywhere from 1 to 64 tokens
+    W5 long         hidden 256, 4 layers, 32,000-token vocabulary, 8 prompts x 4 completions of
+                    forced lengths 64, 128, ..., 2,048 (shuffled; benchmarks/forced_lengths.py and
+                    trl_driver.py --lengths make both libraries sample exactly these); TRL with its
+                    memory defaults: gradient checkpointing on, micro-batches of 4 completions;
+                    grpo with its defaults (token budget, no checkpointing)
+
+    python benchmarks/vs_trl.py --trl-python ... --longest [--longest-max 65536]
+
+finds instead the longest completion one step of 1 prompt x 4 completions trains within 16 GiB
+on the W5 model, by doubling from 2,048 tokens: each side at its leanest (grpo with
+gradient_checkpointing=true, one row per pass by its token budget; TRL with gradient
+checkpointing and micro-batches of 1). A run is stopped when its resident memory passes 16 GiB
+(sampled every 0.2 s) or after --longest-time seconds; each attempt's peak and time are reported.
 
 Step times are medians over every step but each run's first; memory is each process's peak
 resident set (VmHWM, which unlike ru_maxrss does not inherit the launcher's), median over runs. The float32 matrix-multiply peak is measured here, between
@@ -43,7 +56,18 @@ WORKLOADS = {
     "W2": dict(hidden_size=512, layers=8, heads=8, vocab_size=None, max_new_tokens=64),
     "W3": dict(hidden_size=256, layers=2, heads=4, vocab_size=151936, max_new_tokens=128),
     "W4": dict(hidden_size=512, layers=8, heads=8, vocab_size=None, max_new_tokens=64, ragged=True),
+    "W5": dict(hidden_size=256, layers=4, heads=4, vocab_size=32000, max_new_tokens=2048, group=4,
+               max_positions=1 << 17, forced=True),
 }
+LIMIT_BYTES = 16 << 30
+
+
+def w5_lengths() -> list[int]:
+    """The forced lengths of W5's 32 rows: 64, 128, ..., 2,048, shuffled with seed 0."""
+    import random
+    lengths = [64 * k for k in range(1, 33)]
+    random.Random(0).shuffle(lengths)
+    return lengths
 LR, BETA, PROMPTS, GROUP = 5e-4, 0.04, 8, 8
 
 
@@ -54,7 +78,8 @@ def build_workload(name: str, root: Path, prompts: Path) -> Path:
     if (path / "config.json").exists():
         return path
     build_tiny(path, hidden_size=spec["hidden_size"], layers=spec["layers"], heads=spec["heads"],
-               architecture="qwen2", vocab_size=spec["vocab_size"])
+               architecture="qwen2", vocab_size=spec["vocab_size"],
+               max_positions=spec.get("max_positions", 512))
     if spec.get("ragged"):
         make_ragged(path, spec["max_new_tokens"], prompts)
     return path
@@ -96,27 +121,121 @@ def write_prompts(path: Path, model_dir: Path) -> Path:
     return path
 
 
-def run_json(cmd: list[str], log: Path) -> dict:
+def run_json(cmd: list[str], log: Path, limit_bytes: int = 0, timeout: float = 0) -> dict:
+    """Run `cmd`, return the JSON of its last output line. With `limit_bytes`, the process is
+    killed when its resident memory passes the limit; with `timeout`, after that many seconds;
+    either returns {"failed": why, "rss_mb": highest resident memory seen}."""
     with open(log, "a") as err:
         err.write("\n$ " + " ".join(cmd) + "\n")
         err.flush()
-        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        if not limit_bytes and not timeout:
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, check=True).stdout
+            return json.loads(out.strip().splitlines()[-1])
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        started, seen, why = time.perf_counter(), 0, ""
+        while proc.poll() is None:
+            rss = resident_bytes(proc.pid)
+            seen = max(seen, rss)
+            if limit_bytes and rss > limit_bytes:
+                why = f"resident memory passed {limit_bytes / 2 ** 30:.0f} GiB"
+            elif timeout and time.perf_counter() - started > timeout:
+                why = f"not done in {timeout:.0f} s"
+            if why:
+                proc.kill()
+                proc.wait()
+                return {"failed": why, "rss_mb": round(seen / 2 ** 20, 1),
+                        "wall_s": round(time.perf_counter() - started, 1)}
+            time.sleep(0.2)
+        out = proc.stdout.read()
+        if proc.returncode:
+            return {"failed": f"exit status {proc.returncode}", "rss_mb": round(seen / 2 ** 20, 1)}
+        result = json.loads(out.strip().splitlines()[-1])
+        result["wall_s"] = round(time.perf_counter() - started, 1)
+        return result
 
 
-def ours(model: Path, max_new: int, steps: int, threads: int, log: Path) -> dict:
-    return run_json([sys.executable, "-m", "grpo.cli", "bench", f"model={model}", "task=addition",
-                     f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={max_new}",
-                     f"beta={BETA}", "num_iterations=1", f"lr={LR}", f"steps={steps}",
-                     f"threads={threads}"], log)
+def resident_bytes(pid: int) -> int:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
-def trl(python: str, model: Path, prompts: Path, max_new: int, steps: int, threads: int,
-        log: Path) -> dict:
+def ours(model: Path, max_new: int, steps: int, threads: int, log: Path, group: int = GROUP,
+         prompts: int = PROMPTS, lengths: list[int] | None = None, extra: tuple[str, ...] = (),
+         limit_bytes: int = 0, timeout: float = 0) -> dict:
+    head = ([sys.executable, str(HERE / "forced_lengths.py"), "--lengths", ",".join(map(str, lengths)), "--"]
+            if lengths else [sys.executable, "-m", "grpo.cli"])
+    return run_json(head + ["bench", f"model={model}", "task=addition",
+                            f"prompts_per_step={prompts}", f"group_size={group}",
+                            f"max_new_tokens={max_new}", f"beta={BETA}", "num_iterations=1", f"lr={LR}",
+                            f"steps={steps}", f"threads={threads}", *extra], log, limit_bytes, timeout)
+
+
+def trl(python: str, model: Path, prompt_file: Path, max_new: int, steps: int, threads: int,
+        log: Path, group: int = GROUP, prompts: int = PROMPTS, lengths: list[int] | None = None,
+        extra: tuple[str, ...] = (), limit_bytes: int = 0, timeout: float = 0) -> dict:
+    forced = ["--lengths", ",".join(map(str, lengths))] if lengths else []
     return run_json([python, str(HERE / "trl_driver.py"), "--model", str(model), "--prompts",
-                     str(prompts), "--steps", str(steps), "--max-new-tokens", str(max_new),
-                     "--prompts-per-step", str(PROMPTS), "--group-size", str(GROUP),
-                     "--beta", str(BETA), "--lr", str(LR), "--threads", str(threads)], log)
+                     str(prompt_file), "--steps", str(steps), "--max-new-tokens", str(max_new),
+                     "--prompts-per-step", str(prompts), "--group-size", str(group),
+                     "--beta", str(BETA), "--lr", str(LR), "--threads", str(threads), *forced, *extra],
+                    log, limit_bytes, timeout)
+
+
+def side_args(name: str) -> dict:
+    """What a workload changes in each side's command: group size, forced lengths, TRL's options."""
+    spec = WORKLOADS[name]
+    common = {"group": spec.get("group", GROUP),
+              "lengths": w5_lengths() if spec.get("forced") else None}
+    trl_extra = ("--gradient-checkpointing", "--micro-batch", "4") if name == "W5" else ()
+    return {"grpo": common, "trl": {**common, "extra": trl_extra}}
+
+
+def longest(args, out: Path, log: Path, prompt_file: Path, model: Path) -> None:
+    """Double the completion length from 2,048 until a side's step passes 16 GiB or its time."""
+    results: dict[str, list[dict]] = {"grpo": [], "trl": []}
+    for side in ("grpo", "trl"):
+        if side == "trl" and not args.trl_python:
+            continue
+        length = 2048
+        while length <= args.longest_max:
+            print(f"longest: {side} at {length} tokens", file=sys.stderr)
+            if side == "grpo":
+                r = ours(model, length, 1, args.threads, log, group=4, prompts=1, lengths=[length],
+                         extra=("gradient_checkpointing=true",), limit_bytes=LIMIT_BYTES,
+                         timeout=args.longest_time)
+            else:
+                r = trl(args.trl_python, model, prompt_file, length, 1, args.threads, log, group=4,
+                        prompts=1, lengths=[length], extra=("--gradient-checkpointing", "--micro-batch", "1"),
+                        limit_bytes=LIMIT_BYTES, timeout=args.longest_time)
+            r["length"] = length
+            results[side].append(r)
+            print(f"longest: {side} at {length}: " + (r["failed"] if "failed" in r else
+                  f"{r['peak_rss_mb']} MB peak, {r['wall_s']} s"), file=sys.stderr)
+            (out / "longest.json").write_text(json.dumps(results, indent=1))
+            if "failed" in r:
+                break
+            length *= 2
+    lines = ["| completion tokens | grpo peak MB | grpo s | TRL peak MB | TRL s |", "|---|---|---|---|---|"]
+    by_length = sorted({r["length"] for rs in results.values() for r in rs})
+    for n in by_length:
+        cells = []
+        for side in ("grpo", "trl"):
+            r = next((r for r in results[side] if r["length"] == n), None)
+            cells += (["-", "-"] if r is None else
+                      [f"over (>{r['rss_mb']:.0f} seen): {r['failed']}", str(r.get("wall_s", "-"))]
+                      if "failed" in r else [f"{r['peak_rss_mb']:.0f}", str(r["wall_s"])])
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    for side in ("grpo", "trl"):
+        done = [r["length"] for r in results[side] if "failed" not in r]
+        lines.append(f"\n{side}: longest completion that trained: {max(done) if done else 'none'}")
+    markdown = "\n".join(lines) + "\n"
+    (out / "longest.md").write_text(markdown)
+    print(markdown)
 
 
 def main() -> None:
@@ -127,6 +246,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="", help="suffix of the result files (vs_trl<TAG>.json)")
+    ap.add_argument("--longest", action="store_true", help="search the longest completion instead")
+    ap.add_argument("--longest-max", type=int, default=65536)
+    ap.add_argument("--longest-time", type=float, default=3600, help="seconds per attempt")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -134,6 +257,9 @@ def main() -> None:
     log = out / "vs_trl.log"
     names = args.workloads.split(",")
     prompts = write_prompts(out / "addition_prompts.jsonl", build_workload("W1", out / "models", None))
+    if args.longest:
+        longest(args, out, log, prompts, build_workload("W5", out / "models", prompts))
+        return
     models = {n: build_workload(n, out / "models", prompts) for n in names}
     peaks = [matmul_peak()]
     runs: dict[str, dict[str, list[dict]]] = {n: {"grpo": [], "trl": []} for n in names}
@@ -147,18 +273,19 @@ def main() -> None:
                     continue
                 print(f"[{time.perf_counter() - started:6.0f}s] repeat {r + 1}/{args.repeats} {n} {side}",
                       file=sys.stderr)
-                result = (ours(models[n], max_new, args.steps, args.threads, log) if side == "grpo"
-                          else trl(args.trl_python, models[n], prompts, max_new, args.steps,
-                                   args.threads, log))
+                result = (ours(models[n], max_new, args.steps, args.threads, log, **side_args(n)["grpo"])
+                          if side == "grpo" else
+                          trl(args.trl_python, models[n], prompts, max_new, args.steps, args.threads, log,
+                              **side_args(n)["trl"]))
                 runs[n][side].append(result)
             peaks.append(matmul_peak())
     peak = statistics.median(peaks)
     table = summarize(runs, peak, prompts)
-    (out / "vs_trl.json").write_text(json.dumps({"matmul_peak_flops": peak, "peaks": peaks,
+    (out / f"vs_trl{args.tag}.json").write_text(json.dumps({"matmul_peak_flops": peak, "peaks": peaks,
                                                  "threads": args.threads, "table": table,
                                                  "runs": runs}, indent=1))
     markdown = to_markdown(table, peak, args)
-    (out / "vs_trl.md").write_text(markdown)
+    (out / f"vs_trl{args.tag}.md").write_text(markdown)
     print(markdown)
 
 
@@ -176,7 +303,8 @@ def summarize(runs: dict, peak: float, prompts: Path) -> list[dict]:
             length = statistics.mean(res["completion_len_mean"] for res in results)
             params = sides["grpo"][0]["params"] if sides["grpo"] else None
             # the prompt tokens each side computes: TRL one per completion, grpo one per group
-            tokens = PROMPTS * (GROUP if side == "trl" else 1) * prompt_tokens + PROMPTS * GROUP * length
+            group = WORKLOADS[name].get("group", GROUP)
+            tokens = PROMPTS * (group if side == "trl" else 1) * prompt_tokens + PROMPTS * group * length
             row[side] = {"sec_per_step": round(sec, 4), "steps_timed": len(times),
                          "peak_rss_mb": statistics.median(res["peak_rss_mb"] for res in results),
                          "completion_len_mean": round(length, 2)}

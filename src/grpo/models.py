@@ -45,9 +45,11 @@ def build_tiny_tokenizer(vocab_size: int | None = None):
 
 
 def build_tiny(output_dir: str | Path, *, hidden_size: int = 128, layers: int = 4, heads: int = 4,
-               seed: int = 0, architecture: str = "llama", vocab_size: int | None = None) -> Path:
+               seed: int = 0, architecture: str = "llama", vocab_size: int | None = None,
+               max_positions: int = 512) -> Path:
     """Write a randomly initialised small model ("llama" or "qwen2") and its character tokenizer
-    to `output_dir`; return the path. The MLP is 4x the hidden size; embeddings are tied."""
+    to `output_dir`; return the path. The MLP is 4x the hidden size; embeddings are tied.
+    `max_positions` is the context length the config declares."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     tokenizer = build_tiny_tokenizer(vocab_size)
@@ -55,7 +57,7 @@ def build_tiny(output_dir: str | Path, *, hidden_size: int = 128, layers: int = 
     config = config_class(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 4,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=512, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
