@@ -28,6 +28,8 @@ on the W5 model, by doubling from 2,048 tokens: each side at its leanest (grpo w
 gradient_checkpointing=true, one row per pass by its token budget; TRL with gradient
 checkpointing and micro-batches of 1). A run is stopped when its resident memory passes 16 GiB
 (sampled every 0.2 s) or after --longest-time seconds; each attempt's peak and time are reported.
+`--sides grpo` or `--sides trl` runs one library (two such runs may go side by side, each with
+`--threads 1`; the result is memory, so they need not take turns).
 
 Step times are medians over every step but each run's first; memory is each process's peak
 resident set (VmHWM, which unlike ru_maxrss does not inherit the launcher's), median over runs. The float32 matrix-multiply peak is measured here, between
@@ -198,7 +200,7 @@ def side_args(name: str) -> dict:
 def longest(args, out: Path, log: Path, prompt_file: Path, model: Path) -> None:
     """Double the completion length from 2,048 until a side's step passes 16 GiB or its time."""
     results: dict[str, list[dict]] = {"grpo": [], "trl": []}
-    for side in ("grpo", "trl"):
+    for side in args.sides.split(","):
         if side == "trl" and not args.trl_python:
             continue
         length = 2048
@@ -216,7 +218,7 @@ def longest(args, out: Path, log: Path, prompt_file: Path, model: Path) -> None:
             results[side].append(r)
             print(f"longest: {side} at {length}: " + (r["failed"] if "failed" in r else
                   f"{r['peak_rss_mb']} MB peak, {r['wall_s']} s"), file=sys.stderr)
-            (out / "longest.json").write_text(json.dumps(results, indent=1))
+            (out / f"longest{args.tag}.json").write_text(json.dumps(results, indent=1))
             if "failed" in r:
                 break
             length *= 2
@@ -234,7 +236,7 @@ def longest(args, out: Path, log: Path, prompt_file: Path, model: Path) -> None:
         done = [r["length"] for r in results[side] if "failed" not in r]
         lines.append(f"\n{side}: longest completion that trained: {max(done) if done else 'none'}")
     markdown = "\n".join(lines) + "\n"
-    (out / "longest.md").write_text(markdown)
+    (out / f"longest{args.tag}.md").write_text(markdown)
     print(markdown)
 
 
@@ -250,6 +252,7 @@ def main() -> None:
     ap.add_argument("--longest", action="store_true", help="search the longest completion instead")
     ap.add_argument("--longest-max", type=int, default=65536)
     ap.add_argument("--longest-time", type=float, default=3600, help="seconds per attempt")
+    ap.add_argument("--sides", default="grpo,trl", help="--longest: which libraries, in order")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -239,7 +239,9 @@ class OptimConfig:
     """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = about
     2^20 / hidden_size on a CPU (8,192 at hidden 128, 2,048 at 512), 2^22 / hidden_size on a GPU.
     Rows are sorted by length first, so ragged batches pad little. Larger passes waste less time
-    per call; smaller ones need less memory."""
+    per call; smaller ones need less memory. A row longer than the budget goes alone: one row per
+    pass, whatever its length (with gradient_checkpointing for completions of many thousands of
+    tokens; no pass holds a [tokens x tokens] or [tokens x vocabulary] tensor)."""
 
 
 @dataclass(frozen=True)
