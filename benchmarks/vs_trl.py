@@ -222,22 +222,27 @@ def longest(args, out: Path, log: Path, prompt_file: Path, model: Path) -> None:
             if "failed" in r:
                 break
             length *= 2
+    markdown = longest_markdown(results)
+    (out / f"longest{args.tag}.md").write_text(markdown)
+    print(markdown)
+
+
+def longest_markdown(results: dict[str, list[dict]]) -> str:
+    """The search's table: each length's peak memory and wall time per side, or why it stopped."""
     lines = ["| completion tokens | grpo peak MB | grpo s | TRL peak MB | TRL s |", "|---|---|---|---|---|"]
-    by_length = sorted({r["length"] for rs in results.values() for r in rs})
-    for n in by_length:
+    for n in sorted({r["length"] for rs in results.values() for r in rs}):
         cells = []
         for side in ("grpo", "trl"):
-            r = next((r for r in results[side] if r["length"] == n), None)
+            r = next((r for r in results.get(side, []) if r["length"] == n), None)
             cells += (["-", "-"] if r is None else
-                      [f"over (>{r['rss_mb']:.0f} seen): {r['failed']}", str(r.get("wall_s", "-"))]
+                      [f"stopped ({r['failed']}; {r['rss_mb']:.0f} MB resident when stopped)", "-"]
                       if "failed" in r else [f"{r['peak_rss_mb']:.0f}", str(r["wall_s"])])
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     for side in ("grpo", "trl"):
-        done = [r["length"] for r in results[side] if "failed" not in r]
-        lines.append(f"\n{side}: longest completion that trained: {max(done) if done else 'none'}")
-    markdown = "\n".join(lines) + "\n"
-    (out / f"longest{args.tag}.md").write_text(markdown)
-    print(markdown)
+        done = [r["length"] for r in results.get(side, []) if "failed" not in r]
+        if results.get(side):
+            lines.append(f"\n{side}: longest completion that trained: {max(done) if done else 'none'}")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:

@@ -13,6 +13,10 @@ same `Parameter`s, so gradients land in the Hugging Face model and its optimizer
 `supports(model)` says whether a model can take this path; any other model (or rope scaling,
 sliding windows, soft-capping) uses Hugging Face's forward, which gives the same numbers.
 tests/test_decoder.py checks both paths against each other.
+
+Memory grows with the length, not its square: training and prefill attend causally with no mask
+(rows rotated so their real tokens come first), so the fused kernel never forms [L, L] scores;
+a decoding step's mask is [rows, 1, 1, t]. tests/test_long.py checks every tensor's shape.
 """
 
 from __future__ import annotations
