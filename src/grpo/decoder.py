@@ -133,14 +133,7 @@ class Decoder:
         first = valid.int().argmax(-1)                                        # leading padding
         ahead = (torch.arange(L, device=valid.device) + first[:, None]) % L   # [N, L]
         x = self._embed(input_ids.gather(1, ahead))
-        cos, sin = self.rotary(x, position_ids.gather(1, ahead))
-        def block(layer, x):
-            attn = layer.self_attn
-            q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
-            x = x + self._attend(attn, q, k, v)
-            return x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
-        for layer in self.layers:
-            x = self._run(block, layer, x)
+        x = self._stack(x, *self.rotary(x, position_ids.gather(1, ahead)))
         back = (torch.arange(L, device=valid.device) - first[:, None]) % L
         return self._norm(x, self.norm).gather(1, back[..., None].expand(-1, -1, x.shape[-1]))
 
@@ -151,6 +144,10 @@ class Decoder:
         causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
         # A padding query may see only itself, so no row of the mask is empty (that would be NaN).
         mask = ((causal & valid[:, None, :]) | torch.eye(L, dtype=torch.bool, device=x.device)).unsqueeze(1)
+        return self._norm(self._stack(x, cos, sin, mask), self.norm)
+
+    def _stack(self, x, cos, sin, mask=None):
+        """Every decoder layer over x [N, L, H]; causal attention when `mask` is None."""
         def block(layer, x):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, self._norm(x, layer.input_layernorm), cos, sin)
@@ -158,7 +155,7 @@ class Decoder:
             return x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
         for layer in self.layers:
             x = self._run(block, layer, x)
-        return self._norm(x, self.norm)
+        return x
 
     def completion_hidden(self, prompt_ids, prompt_mask, prompt_of, completion_ids) -> torch.Tensor:
         """Hidden states [N, T, H] at the positions that predict each completion token, for N
