@@ -4,10 +4,11 @@ TRL (benchmarks/trl_driver.py --lengths) do the same work on a model with random
     python benchmarks/forced_lengths.py --lengths 64,2048,... -- bench model=DIR max_new_tokens=2048 ...
 
 Row r of every sampled batch (prompts in order, each prompt's G rows together, as both libraries
-lay them out) ends with EOS at token `lengths[r % len(lengths)]`. The sampler decodes every row
-to the longest length with EOS never ending a row early, as Hugging Face's generate does for a
-batch; the forced EOS replaces the token drawn there (its sampler log-prob is the drawn token's,
-which moves only `sampler/logp_diff`). Everything after sampling is grpo's own code.
+lay them out) ends with EOS at token `lengths[r % len(lengths)]`: while sampling, the token drawn
+at that step is replaced by EOS and an EOS drawn earlier by another token, as trl_driver.py's
+logits processor does for TRL. The forced token's log-prob is the sampler's for that token. Rows
+end where they are forced to, so grpo's sampler drops them from its batch as it would a real
+policy's ragged completions. Everything else is grpo's own code.
 """
 
 from __future__ import annotations
@@ -20,18 +21,34 @@ import torch
 
 def force(lengths: list[int]) -> None:
     from grpo import sampling
-    original = sampling.generate
+    original_generate, original_draw, original_keep = sampling.generate, sampling.draw, sampling._Cache.keep
 
     def generate(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, **kw):
         n = prompt_ids.shape[0] * kw.get("group_size", 1)
         want = torch.tensor([min(lengths[r % len(lengths)], max_new_tokens) for r in range(n)])
-        tokens, logprobs = original(model, prompt_ids, prompt_mask, int(want.max()), -1, pad_token_id, **kw)
         eos = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
-        before = torch.arange(tokens.shape[1])[None] < (want - 1)[:, None]
-        tokens[before & (tokens == eos)] = eos + 1       # an EOS drawn early does not end the row
-        tokens[torch.arange(n), want - 1] = eos
-        after = torch.arange(tokens.shape[1])[None] >= want[:, None]
-        return tokens.masked_fill(after, pad_token_id), logprobs.masked_fill(after, 0.0)
+        ends = sampling.eos_ids(eos_token_id)
+        live = {"rows": torch.arange(n), "t": 0}      # original rows still in the batch; the step
+
+        def draw(scores, greedy=False, u=None):
+            chosen, lse = original_draw(scores, greedy, u)
+            last = want[live["rows"]].to(chosen.device) - 1
+            early = (last > live["t"]) & torch.isin(chosen, ends.to(chosen.device))
+            chosen = torch.where(early, (chosen + 1) % scores.shape[-1], chosen)
+            chosen = torch.where(last == live["t"], torch.full_like(chosen, eos), chosen)
+            live["t"] += 1
+            return chosen, lse
+
+        def keep(cache, rows):
+            live["rows"] = live["rows"][rows.cpu()]
+            original_keep(cache, rows)
+
+        sampling.draw, sampling._Cache.keep = draw, keep
+        try:
+            return original_generate(model, prompt_ids, prompt_mask, int(want.max()), eos_token_id,
+                                     pad_token_id, **kw)
+        finally:
+            sampling.draw, sampling._Cache.keep = original_draw, original_keep
     sampling.generate = generate
 
 

@@ -122,3 +122,61 @@ def test_two_steps_at_8192_new_tokens_train_within_a_derived_memory_bound(long_m
     assert long["completion_len_mean"] == 8192 and short["completion_len_mean"] == 1024
     grown = long["peak_rss_mb"] - short["peak_rss_mb"]
     assert grown < 200, (short["peak_rss_mb"], long["peak_rss_mb"])
+
+
+def test_a_growing_pruned_cache_decodes_what_a_full_one_does(long_model, monkeypatch):
+    """The decoding cache starts with START_ROOM new-token slots, doubles when full and copies
+    only its filled slots when ended rows leave the batch. With room for 2 tokens (so it grows
+    4 times over 40 tokens) the tokens and log-probs equal those of a cache allocated whole."""
+    from grpo import decoder
+    from grpo.sampling import generate
+    _, policy = long_model
+    prompt = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    uniforms = torch.rand((4, 40), generator=torch.Generator().manual_seed(1))
+
+    def sample(room, eos):
+        monkeypatch.setattr(decoder, "START_ROOM", room)
+        sizes = []
+        real_move = decoder.Decoder._move
+        monkeypatch.setattr(decoder.Decoder, "_move", staticmethod(
+            lambda state, rows, capacity: (sizes.append((rows is None, capacity)),
+                                           real_move(state, rows, capacity))))
+        out = generate(policy.eval(), prompt, (prompt != 0).long(), 40, eos, 0, group_size=2,
+                       uniforms=uniforms)
+        return out, sizes
+
+    (drawn, _), _ = sample(4096, -1)
+    eos = int(drawn[1, 10])                 # a token row 1 draws at step 10: it ends by then
+    (tokens, logp), moves = sample(2, eos)
+    (whole_tokens, whole_logp), whole_moves = sample(4096, eos)
+    assert whole_moves and all(not growth and capacity == 5 + 40 for growth, capacity in whole_moves)
+    assert [capacity for growth, capacity in moves if growth] == [14, 28, 45]
+    assert any(not growth for growth, _ in moves)                         # a prune as well
+    assert torch.equal(tokens, whole_tokens)
+    torch.testing.assert_close(logp, whole_logp, rtol=0, atol=1e-6)
+
+
+def test_forced_lengths_end_each_row_at_its_length_while_sampling(long_model, monkeypatch):
+    """benchmarks/forced_lengths.py ends row r at lengths[r] with EOS during sampling (no EOS
+    before it), so the sampler drops ended rows from its batch as it does for a real policy."""
+    import importlib.util
+    from grpo import decoder, sampling
+    spec = importlib.util.spec_from_file_location("forced_lengths", ROOT / "benchmarks" / "forced_lengths.py")
+    forced = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(forced)
+    monkeypatch.setattr(sampling, "generate", sampling.generate)
+    kept = []
+    real_keep = decoder.Decoder.keep
+    monkeypatch.setattr(decoder.Decoder, "keep", staticmethod(
+        lambda state, rows: (kept.append(len(rows)), real_keep(state, rows))))
+    _, policy = long_model
+    lengths = [3, 30, 11, 1]
+    forced.force(lengths)
+    prompt = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    eos = 7
+    tokens, logp = sampling.generate(policy.eval(), prompt, (prompt != 0).long(), 64, eos, 0, group_size=2)
+    assert tokens.shape == (4, 30)
+    for r, n in enumerate(lengths):
+        assert tokens[r, n - 1] == eos and not (tokens[r, :n - 1] == eos).any()
+        assert (tokens[r, n:] == 0).all() and (logp[r, n:] == 0).all() and (logp[r, :n] < 0).all()
+    assert kept and kept[-1] == 1            # the batch shrank to the one row still running

@@ -53,13 +53,17 @@ def sharded(model) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+START_ROOM = 256   # new-token slots the decoding cache starts with; it doubles when full
+
+
 @dataclass
 class DecodeState:
-    keys: list[torch.Tensor]       # per layer [n, kv_heads, P + max_new, head_dim]
+    keys: list[torch.Tensor]       # per layer [n, kv_heads, capacity, head_dim]; [:length] filled
     values: list[torch.Tensor]
-    key_valid: torch.Tensor        # [n, P + max_new] bool; False on left padding
+    key_valid: torch.Tensor        # [n, capacity] bool; False on left padding
     positions: torch.Tensor        # [n] position id of the next token
     length: int                    # filled cache length
+    room: int = 0                  # the capacity growth aims for first (P + max_new_tokens)
 
 
 class Decoder:
@@ -219,11 +223,12 @@ class Decoder:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         x = self._embed(input_ids)
         cos, sin = self.rotary(x, position_ids)
-        size = (n, self.kv_heads, P + max_new_tokens, self.head_dim)
+        # the cache starts with room for START_ROOM new tokens and grows as it fills (`_ensure`)
+        size = (n, self.kv_heads, P + min(max_new_tokens, START_ROOM), self.head_dim)
         keys = [x.new_empty(size) for _ in self.layers]
         values = [x.new_empty(size) for _ in self.layers]
         key_valid = torch.cat([attention_mask.bool(),
-                               attention_mask.new_ones(b, max_new_tokens, dtype=torch.bool)], 1)
+                               attention_mask.new_ones(b, size[2] - P, dtype=torch.bool)], 1)
         # left-padded prompts rotated to [real tokens | padding] for mask-free causal attention;
         # the cache keeps the original layout (step and extend read `key_valid`)
         length = attention_mask.sum(-1)
@@ -247,7 +252,7 @@ class Decoder:
         if repeat > 1:
             logits, key_valid, position_ids = (t.repeat_interleave(repeat, 0)
                                                for t in (logits, key_valid, position_ids))
-        state = DecodeState(keys, values, key_valid, position_ids[:, -1] + 1, P)
+        state = DecodeState(keys, values, key_valid, position_ids[:, -1] + 1, P, P + max_new_tokens)
         return logits, state
 
     @torch.no_grad()
@@ -306,23 +311,38 @@ class Decoder:
 
     @staticmethod
     def _ensure(state: DecodeState, extra: int) -> None:
-        """Room for `extra` more slots: the cache doubles when it is full."""
-        have = state.keys[0].shape[2]
-        if state.length + extra <= have:
+        """Room for `extra` more slots. A full cache doubles, up to `state.room` while the
+        slots fit in it (a turn's room, then doubling again for episodes that go past it)."""
+        have, need = state.keys[0].shape[2], state.length + extra
+        if need <= have:
             return
-        grow = max(extra, have)
-        state.keys = [torch.cat([k, k.new_empty(*k.shape[:2], grow, k.shape[3])], 2) for k in state.keys]
-        state.values = [torch.cat([v, v.new_empty(*v.shape[:2], grow, v.shape[3])], 2)
-                        for v in state.values]
-        state.key_valid = torch.cat([state.key_valid, state.key_valid.new_ones(len(state.key_valid),
-                                                                                 grow)], 1)
+        capacity = max(need, 2 * have if need > state.room else min(2 * have, state.room))
+        Decoder._move(state, None, capacity)
 
     @staticmethod
     def keep(state: DecodeState, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the current batch) in the cache."""
-        state.keys = [k.index_select(0, rows) for k in state.keys]
-        state.values = [v.index_select(0, rows) for v in state.values]
-        state.key_valid, state.positions = state.key_valid[rows], state.positions[rows]
+        Decoder._move(state, rows, state.keys[0].shape[2])
+        state.positions = state.positions[rows]
+
+    @staticmethod
+    def _move(state: DecodeState, rows: torch.Tensor | None, capacity: int) -> None:
+        """Copy `rows` (all when None) of the cache into new tensors of `capacity` slots, one
+        layer at a time (each old layer is freed before the next is copied). Only the filled
+        slots are copied: the rest stays unwritten, so on a CPU its pages are not touched until
+        decoding reaches them; a ragged batch's cache holds about what its running rows wrote."""
+        t = state.length
+        pick = (lambda x: x) if rows is None else (lambda x: x[rows])
+        for cache in (state.keys, state.values):
+            for i, old in enumerate(cache):
+                kept = pick(old[:, :, :t])
+                new = old.new_empty(len(kept), old.shape[1], capacity, old.shape[3])
+                new[:, :, :t] = kept
+                cache[i] = new
+                del kept, old
+        valid = state.key_valid.new_ones(len(state.key_valid) if rows is None else len(rows), capacity)
+        valid[:, :t] = pick(state.key_valid[:, :t])
+        state.key_valid = valid
 
     def _logits(self, h):
         return F.linear(h[:, -1], self.head.weight, self.head.bias)
