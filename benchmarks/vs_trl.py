@@ -19,7 +19,7 @@ checkpointing off (its fastest setting) and loss_type "grpo".
                     forced lengths 64, 128, ..., 2,048 (shuffled; benchmarks/forced_lengths.py and
                     trl_driver.py --lengths make both libraries sample exactly these); TRL with its
                     memory defaults: gradient checkpointing on, micro-batches of 4 completions;
-                    grpo with its defaults (token budget, no checkpointing)
+                    grpo with gradient_checkpointing=true too and its default token budget
 
     python benchmarks/vs_trl.py --trl-python ... --longest [--longest-max 65536]
 
@@ -193,8 +193,10 @@ def side_args(name: str) -> dict:
     spec = WORKLOADS[name]
     common = {"group": spec.get("group", GROUP),
               "lengths": w5_lengths() if spec.get("forced") else None}
-    trl_extra = ("--gradient-checkpointing", "--micro-batch", "4") if name == "W5" else ()
-    return {"grpo": common, "trl": {**common, "extra": trl_extra}}
+    long = name == "W5"                    # both sides checkpoint activations, as TRL does by default
+    trl_extra = ("--gradient-checkpointing", "--micro-batch", "4") if long else ()
+    grpo_extra = ("gradient_checkpointing=true",) if long else ()
+    return {"grpo": {**common, "extra": grpo_extra}, "trl": {**common, "extra": trl_extra}}
 
 
 def longest(args, out: Path, log: Path, prompt_file: Path, model: Path) -> None:

@@ -125,9 +125,10 @@ def test_two_steps_at_8192_new_tokens_train_within_a_derived_memory_bound(long_m
 
 
 def test_a_growing_pruned_cache_decodes_what_a_full_one_does(long_model, monkeypatch):
-    """The decoding cache starts with START_ROOM new-token slots, doubles when full and copies
-    only its filled slots when ended rows leave the batch. With room for 2 tokens (so it grows
-    4 times over 40 tokens) the tokens and log-probs equal those of a cache allocated whole."""
+    """The decoding cache starts with START_ROOM new-token slots, grows by a quarter (at least
+    START_ROOM) when full and copies only its filled slots when ended rows leave the batch. With
+    room for 2 tokens (so it grows 9 times over 40 tokens) the tokens and log-probs equal those of
+    a cache allocated whole."""
     from grpo import decoder
     from grpo.sampling import generate
     _, policy = long_model
@@ -150,7 +151,8 @@ def test_a_growing_pruned_cache_decodes_what_a_full_one_does(long_model, monkeyp
     (tokens, logp), moves = sample(2, eos)
     (whole_tokens, whole_logp), whole_moves = sample(4096, eos)
     assert whole_moves and all(not growth and capacity == 5 + 40 for growth, capacity in whole_moves)
-    assert [capacity for growth, capacity in moves if growth] == [14, 28, 45]
+    # 5 prompt + 2 slots, then + max(1, a quarter, 2) each time, the last capped at 5 + 40
+    assert [capacity for growth, capacity in moves if growth] == [9, 11, 13, 16, 20, 25, 31, 38, 45]
     assert any(not growth for growth, _ in moves)                         # a prune as well
     assert torch.equal(tokens, whole_tokens)
     torch.testing.assert_close(logp, whole_logp, rtol=0, atol=1e-6)

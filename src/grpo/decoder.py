@@ -53,7 +53,7 @@ def sharded(model) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-START_ROOM = 256   # new-token slots the decoding cache starts with; it doubles when full
+START_ROOM = 256   # new-token slots the decoding cache starts with; it grows by a quarter when full
 
 
 @dataclass
@@ -311,12 +311,15 @@ class Decoder:
 
     @staticmethod
     def _ensure(state: DecodeState, extra: int) -> None:
-        """Room for `extra` more slots. A full cache doubles, up to `state.room` while the
-        slots fit in it (a turn's room, then doubling again for episodes that go past it)."""
+        """Room for `extra` more slots. A full cache grows by a quarter (at least START_ROOM
+        slots), up to `state.room` while the slots fit in it (a turn's room; episodes that go
+        past it grow on): a copy every few hundred tokens, and at most a quarter unused."""
         have, need = state.keys[0].shape[2], state.length + extra
         if need <= have:
             return
-        capacity = max(need, 2 * have if need > state.room else min(2 * have, state.room))
+        capacity = have + max(extra, have // 4, START_ROOM)
+        if need <= state.room:
+            capacity = min(capacity, state.room)
         Decoder._move(state, None, capacity)
 
     @staticmethod
