@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from grpo import heap
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -182,3 +184,33 @@ def test_forced_lengths_end_each_row_at_its_length_while_sampling(long_model, mo
         assert tokens[r, n - 1] == eos and not (tokens[r, :n - 1] == eos).any()
         assert (tokens[r, n:] == 0).all() and (logp[r, n:] == 0).all() and (logp[r, :n] < 0).all()
     assert kept and kept[-1] == 1            # the batch shrank to the one row still running
+
+
+@pytest.mark.skipif(heap._TRIM is None, reason="the C library has no malloc_trim")
+def test_release_gives_back_free_pages_inside_the_heap():
+    """Holes inside the heap stay resident after free() (glibc returns only its top); release()
+    hands them back. 64 KiB blocks come from the heap (below glibc's smallest mmap threshold,
+    128 KiB); the last block stays allocated so the freed 50 MiB is a hole, not the top."""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+    def resident_mib():
+        return next(int(line.split()[1]) for line in open("/proc/self/status")
+                    if line.startswith("VmRSS:")) / 1024
+
+    heap.release()
+    blocks = [libc.malloc(64 << 10) for _ in range(800)]
+    for block in blocks:
+        libc.memset(block, 1, 64 << 10)                  # touched: resident
+    touched = resident_mib()
+    for block in blocks[:-1]:
+        libc.free(block)
+    freed = resident_mib()
+    assert heap.release("cpu") and not heap.release("meta")
+    released = resident_mib()
+    libc.free(blocks[-1])
+    assert touched - freed < 10, (touched, freed)        # free() alone kept the hole resident
+    assert freed - released > 40, (freed, released)      # release() gave back most of 50 MiB

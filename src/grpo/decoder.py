@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from grpo import heap
+
 SUPPORTED = {"llama", "qwen2", "mistral"}
 
 
@@ -346,6 +348,7 @@ class Decoder:
         valid = state.key_valid.new_ones(len(state.key_valid) if rows is None else len(rows), capacity)
         valid[:, :t] = pick(state.key_valid[:, :t])
         state.key_valid = valid
+        heap.release(valid.device)           # the old cache's pages, and holes of the old sizes
 
     def _logits(self, h):
         return F.linear(h[:, -1], self.head.weight, self.head.bias)

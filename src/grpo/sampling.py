@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from grpo import decoder
+from grpo import decoder, heap
 from grpo.rollout import Rollout
 
 
@@ -193,6 +193,7 @@ class _Cache:
             return
         self.cache.batch_select_indices(rows)
         self.attention, self.next_position = self.attention[rows], self.next_position[rows]
+        heap.release(rows.device)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.fast is not None:

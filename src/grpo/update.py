@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from grpo import heap
 from grpo.loss import AGGREGATIONS, policy_loss
 from grpo.models import token_logprobs
 from grpo.rollout import Rollout
@@ -79,6 +80,8 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
                                  part.completion_ids.shape[1], temperature=part.temperature, top_p=part.top_p,
                                  completion_mask=part.completion_mask)
         out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
+        del logp, part
+        heap.release(device)                      # each pass's shapes differ: see grpo.heap
     return out * rollout.completion_mask
 
 
@@ -158,6 +161,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         for key, value in stats.items():
             totals[key] += value.item()
         totals["entropy"] += (entropy.detach() * part.tokens_in_loss).sum().item()
+        del logp, entropy, old, loss, stats, part
+        heap.release(device)                      # each pass's shapes differ: see grpo.heap
     if reduce is not None:
         totals = reduce(totals)
     tokens = max(totals.pop("tokens"), 1.0)
