@@ -9,7 +9,7 @@ ROOT = Path(grpo.__file__).parent
 LAYERS = [
     {"config", "rollout", "presets"},                                   # vocabulary
     {"rewards", "advantages", "loss", "passk"},                         # algorithm (pure)
-    {"models", "decoder", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
+    {"models", "decoder", "heap", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
      "reward_sources", "tools", "environments"},                        # infrastructure
     {"sampling", "vllm_sampler", "update", "episodes"},                 # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics",
