@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from grpo.rewards import CodeTests, code_tests
-from grpo.rewards.code import (AssertRewriter, CodeTestsError, same_output, same_value,
-                               spec_from_row)
+from grpo.rewards.code import (AssertRewriter, CodeTestsError, apps_output, apps_value,
+                               codecontests_output, exact_output, exact_value,
+                               livecodebench_output, livecodebench_value, spec_from_row)
 from grpo.rewards.harness import NotPlain, decode, encode
 from grpo.rewards.sandbox import Limits, isolation_level
 
@@ -123,12 +124,64 @@ def test_stdio_programs_may_read_fd_0_and_call_exit(reward):
     assert score(reward, row, program, prompt="") == 1.0
 
 
-def test_output_comparison_rules():
-    assert same_output("3 \r\n4\n\n", "3\n4")            # line endings, trailing spaces, blank end
-    assert same_output("1.0 2", "1 2.00")                 # same decimal numbers
-    assert not same_output("1.0001", "1")                  # no tolerance
-    assert not same_output("3 4", "34")
-    assert same_value((1, 2), [1, 2]) and same_value(7, [7]) and not same_value(7, [8])
+def test_own_cases_compare_lines_exactly():
+    assert exact_output("3 \r\n4\n\n", "3\n4")            # line endings, trailing spaces, blank end
+    assert not exact_output("101", "00000101")             # no numeric reading
+    assert not exact_output("1.0 2", "1 2.00") and not exact_output("3 4", "34")
+    assert exact_value((1, 2), [1, 2]) and not exact_value(7, [7])
+
+
+def test_apps_rules():
+    assert apps_output("101\n", "00000101\n")             # one number per line, as floats
+    assert apps_output("1.000001\n", "1\n")               # within 1e-8 + 1e-5 * 1
+    assert not apps_output("1.0001\n", "1\n")             # 1e-4 is past numpy.allclose's tolerance
+    assert apps_output("  3\n\n 4  \n", "3\n4")             # lines stripped, blank lines dropped
+    assert not apps_output("2 1", "1 2")                    # no unordered token sets
+    assert not apps_output("1 2", "1.0 2.0")                # several numbers on a line: as text
+    assert apps_value((1, 2), [1, 2]) and apps_value(7, [7])   # one-element wrapper, as APPS stores
+    assert not apps_value(2, [2, 3])                        # APPS's first-element rule left out
+    assert apps_value({1: 2}, {"1": 2})                     # JSON's string keys
+
+
+def test_codecontests_rules():
+    assert codecontests_output("YES\n", "yes")              # tokens lower-cased
+    assert codecontests_output("101", "00000101")           # 32-bit integers by value
+    assert codecontests_output("1.000009", "1")             # a float within 1e-5
+    assert not codecontests_output("1.00002", "1")
+    assert not codecontests_output("3 4", "34") and not codecontests_output("a b", "b a")
+    assert codecontests_output("1 2\n", "1\n2")              # whitespace of any kind between tokens
+    # past 32 bits an integer is read as a double: 2^53 + 1 and 2^53 differ by less than 1e-5 there
+    assert codecontests_output("9007199254740993", "9007199254740992")
+
+
+def test_livecodebench_rules():
+    assert livecodebench_output(" 1.0 2 \n", "1 2.00")       # tokens as exact decimals
+    assert livecodebench_output("101", "00000101")          # Decimal('00000101') == Decimal('101')
+    assert not livecodebench_output("1.0000001", "1")       # exact: no tolerance
+    assert not livecodebench_output("1\n\n2", "1\n2")       # as many lines
+    assert not livecodebench_output("sNaN", "sNaN x")       # a signalling NaN is no error
+    assert livecodebench_value((1, 2), [1, 2])
+    assert not livecodebench_value(2, [2])                  # no wrapping rule
+    assert not livecodebench_value([(1, 2)], [[1, 2]])      # tuples read as lists at the top only
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", ["apps", "livecodebench"])
+def test_each_benchmark_row_is_judged_by_its_rule(reward, name):
+    if name == "livecodebench":     # a functional case expecting [2]: a bare 2 fails
+        row = {"public_test_cases": json.dumps([{"input": "[1, 2]", "output": "[2]",
+                                                 "testtype": "functional"}]),
+               "metadata": json.dumps({"func_name": "evens"})}
+        right = "def evens(xs):\n    return [x for x in xs if x % 2 == 0]\n"
+        wrong = "def evens(xs):\n    return 2\n"
+    else:                           # APPS stdin: 1.0001 is not 1 within numpy's tolerance
+        row = {"input_output": json.dumps({"inputs": ["1\n"], "outputs": ["0.5\n"]})}
+        right, wrong = "print(int(input()) / 2)\n", "print(0.5001)\n"
+    assert score(reward, row, right, prompt="") == 1.0
+    assert score(reward, row, wrong, prompt="") == 0.0
+    own = {"tests": [{"input": "5\n", "output": "00000101\n"}]}
+    assert score(reward, own, "print('00000101')", prompt="") == 1.0
+    assert score(reward, own, "print(101)", prompt="") == 0.0
 
 
 # ---- Bad test data: a clear error naming the row ----------------------------------------------

@@ -27,9 +27,10 @@ import re
 import secrets
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 
+from grpo.rewards import faults
 from grpo.rewards.harness import decode
 from grpo.rewards.sandbox import Limits, isolation_level, run_program
 
@@ -48,10 +49,10 @@ class TestSpec:
     expected: dict = field(default_factory=dict)   # tests: assert index -> the literal it compares with
     required: tuple = ()                       # tests: asserts that must have run (straight-line ones)
     asserts: int = 0                           # tests: how many asserts the program has
-    imports: tuple = ()                        # tests: modules the tests use (guarded from patching)
     fn_name: str = ""                          # calls: the function's name
     inputs: list = field(default_factory=list)     # stdio: input texts; calls: argument lists
     outputs: list = field(default_factory=list)    # stdio: expected texts; calls: expected values
+    grader: str = "exact"                      # stdio, calls: whose comparison (OUTPUT_RULES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,8 +63,20 @@ _BENCHMARK_COLUMNS = ("tests", "test", "test_list", "input_output", "public_test
 _CASE_COLUMNS = _BENCHMARK_COLUMNS[4:]
 
 
+_GRADERS = {"input_output": "apps", "public_tests": "codecontests", "private_tests": "codecontests",
+            "generated_tests": "codecontests", "public_test_cases": "livecodebench",
+            "private_test_cases": "livecodebench"}
+
+
 def spec_from_row(row: dict, where: str = "row") -> TestSpec:
-    """The TestSpec for a row's columns (see the module's table); CodeTestsError names `where`."""
+    """The TestSpec for a row's columns (see the module's table); CodeTestsError names `where`.
+    Case outputs are compared as the benchmark the columns come from compares them."""
+    spec = _spec_from_row(row, where)
+    present = next(c for c in _BENCHMARK_COLUMNS if _given(row.get(c)))
+    return replace(spec, grader=_GRADERS.get(present, "exact"))
+
+
+def _spec_from_row(row: dict, where: str) -> TestSpec:
     present = [c for c in _BENCHMARK_COLUMNS if _given(row.get(c))]
     if not present:
         raise CodeTestsError(f"{where}: no tests; expected a column 'tests' (or one of "
@@ -216,23 +229,9 @@ def _program_spec(source: str, where: str, entry: str | None, setup: str, import
         raise CodeTestsError(f"{where}: the tests hold no assert statement, so nothing would be "
                              "checked")
     test = (prelude + "\n" if prelude else "") + ast.unparse(ast.fix_missing_locations(body))
-    used = _modules_used(test)
     return TestSpec("tests", test=test, check="check" if defines_check else None, entry_point=entry,
                     expected=rewritten.expected, required=tuple(rewritten.required),
-                    asserts=rewritten.count, imports=tuple(sorted(used)))
-
-
-def _modules_used(source: str) -> set[str]:
-    """Standard-library modules a program imports or names (as `math.isclose`)."""
-    tree, names = ast.parse(source), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Name):
-            names.add(node.id)
-    return {n for n in names if n in sys.stdlib_module_names}
+                    asserts=rewritten.count)
 
 
 class AssertRewriter(ast.NodeTransformer):
@@ -304,24 +303,15 @@ class AssertRewriter(ast.NodeTransformer):
 # ---------------------------------------------------------------------------------------------
 # Judging what came back
 
-def same_output(got: str, expected: str) -> bool:
-    """Standard output against the expected text, as APPS, CodeContests and LiveCodeBench judge it:
-    line endings are normalized, trailing spaces on each line and blank lines at either end are
-    ignored; failing that, the two are compared token by token (split on any whitespace), where
-    two numeric tokens match when they are the same decimal number (`1.0` and `1`; no tolerance)."""
-    if _lines(got) == _lines(expected):
-        return True
-    a, b = got.split(), expected.split()
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x != y:
-            try:
-                if Decimal(x) != Decimal(y):
-                    return False
-            except (InvalidOperation, ValueError):
-                return False
-    return True
+# Each benchmark's outputs compared as its own grader compares them (docs/sandbox.md has the table);
+# where a grader accepts more than the task asks (APPS's unordered token sets, its first-element
+# rule for call results), the rule here is stricter and says so.
+
+def exact_output(got: str, expected: str) -> bool:
+    """This project's own `tests` cases: the same lines, with line endings normalized, trailing
+    spaces on each line and blank lines at either end ignored; nothing else (`101` is not
+    `00000101`, `1.0` is not `1`)."""
+    return _lines(got) == _lines(expected)
 
 
 def _lines(text: str) -> list[str]:
@@ -333,11 +323,108 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def same_value(got, expected) -> bool:
-    """A call's result against the expected JSON value (APPS, LiveCodeBench): tuples read as lists,
-    and an expected value wrapped in a one-element list also matches, as APPS stores them."""
+def apps_output(got: str, expected: str) -> bool:
+    """APPS (`input_output`), as its testing_util judges standard output: the whole text, or each
+    line, with surrounding whitespace stripped; or the non-empty lines stripped; or one number per
+    line, every one within numpy.allclose's tolerance (|a - b| <= 1e-8 + 1e-5 |b|). APPS's last
+    fallbacks, which compare each line's tokens, and the lines, as unordered sets, are left out:
+    they accept the right numbers in the wrong order."""
+    lines = got.splitlines()
+    want = expected.strip()
+    if "\n".join(lines).strip() == want or "\n".join(x.strip() for x in lines).strip() == want:
+        return True
+    wanted = [x.strip() for x in expected.split("\n") if x]
+    if [x.strip() for x in lines if x] == wanted:
+        return True
+    try:
+        a = [float(x) for x in lines if x]
+        b = [float(x) for x in wanted]
+    except ValueError:
+        return False
+    return len(a) == len(b) and all(x == y or abs(x - y) <= 1e-8 + 1e-5 * abs(y)
+                                    for x, y in zip(a, b))
+
+
+_CC_INT = re.compile(r"[+-]?[0-9]+")
+_CC_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|[+-]?(inf|infinity|nan)")
+
+
+def codecontests_output(got: str, expected: str) -> bool:
+    """CodeContests (`public_tests`, ...), as its tester compares outputs (OutputsMatch): the
+    whitespace-separated tokens, lower-cased, must be equal; failing that, token by token, two
+    32-bit integers must be equal, two numbers of which one is not such an integer must differ by
+    less than 1e-5, and anything else must be the same text."""
+    a, b = got.lower().split(), expected.lower().split()
+    if a == b:
+        return True
+    return len(a) == len(b) and all(_cc_values_match(x, y) for x, y in zip(a, b))
+
+
+def _cc_number(token: str):
+    """(int or None, float or None) as the tester's SimpleAtoi and SimpleAtod read a token."""
+    whole = int(token) if _CC_INT.fullmatch(token) and len(token) < 12 else None
+    if whole is not None and not -2**31 <= whole < 2**31:
+        whole = None
+    number = float(token) if _CC_FLOAT.fullmatch(token) and len(token) < 400 else None
+    return whole, number
+
+
+def _cc_values_match(x: str, y: str) -> bool:
+    xi, xf = _cc_number(x)
+    yi, yf = _cc_number(y)
+    if (xi is None and xf is None) or (yi is None and yf is None):
+        return x == y
+    if xi is None or yi is None:
+        return xf is not None and yf is not None and abs(xf - yf) < 1e-5
+    return xi == yi
+
+
+def livecodebench_output(got: str, expected: str) -> bool:
+    """LiveCodeBench (`public_test_cases` stdin cases), as its grade_stdio compares: both texts
+    stripped and split into lines, each line stripped; as many lines; each line equal, or its
+    whitespace-separated tokens all decimal numbers with exactly the same values (Decimal)."""
+    a = [x.strip() for x in got.strip().split("\n")]
+    b = [x.strip() for x in expected.strip().split("\n")]
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        try:
+            if [Decimal(t) for t in x.split()] != [Decimal(t) for t in y.split()]:
+                return False
+        except (InvalidOperation, ValueError):
+            return False
+    return True
+
+
+def apps_value(got, expected) -> bool:
+    """APPS call-based cases: tuples read as lists, dict keys as JSON's strings; an expected value
+    stored wrapped in a one-element list also matches (APPS stores most of them so). APPS's own
+    rule compares with the first element of any list, which a longer expected list would turn
+    into a pass for a partial answer; here the list must hold exactly one element."""
     got = _as_json(got)
-    return got == expected or [got] == expected
+    return got == expected or (isinstance(expected, list) and len(expected) == 1
+                               and got == expected[0])
+
+
+def livecodebench_value(got, expected) -> bool:
+    """LiveCodeBench functional cases, as its grade_call_based compares: a tuple result reads as a
+    list (at the top level only), then Python's == against the JSON value; no wrapping rule."""
+    if type(got) is tuple:
+        got = list(got)
+    return bool(got == expected)
+
+
+def exact_value(got, expected) -> bool:
+    """This project's own call cases: tuples read as lists, then Python's ==; no wrapping rule."""
+    return bool(_as_json(got) == expected)
+
+
+OUTPUT_RULES = {"apps": apps_output, "codecontests": codecontests_output,
+                "livecodebench": livecodebench_output, "exact": exact_output}
+VALUE_RULES = {"apps": apps_value, "livecodebench": livecodebench_value, "exact": exact_value,
+               "codecontests": exact_value}
 
 
 def _as_json(value):
@@ -368,7 +455,7 @@ def judge_tests(spec: TestSpec, payload: dict | None) -> tuple[int, int]:
     total = 1 if one_test else len(spec.required)
     try:
         every, done = _outcomes(spec, payload)
-    except (TypeError, ValueError, KeyError, AttributeError, RecursionError):
+    except Exception:  # noqa: BLE001 - a forged or malformed payload is the program's doing: 0
         return 0, total
     if every is None:
         return 0, total
@@ -443,16 +530,6 @@ def extract_all_blocks(text: str) -> list[str]:
     return [b.split("\n", 1)[1] if "\n" in b else "" for b in text.split("```")[1::2]]
 
 
-def _defines(code: str, name: str) -> bool:
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return bool(re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", code, re.MULTILINE))
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
-               for n in tree.body) or any(isinstance(n, ast.Assign) and any(
-                   isinstance(t, ast.Name) and t.id == name for t in n.targets) for n in tree.body)
-
-
 class CodeTests:
     """Reward: 1 when the completion's program passes all of its row's tests, else 0 (or the
     fraction of tests passed with `partial_credit`). Formats: see the module's docstring."""
@@ -490,11 +567,10 @@ class CodeTests:
         deadline = self.limits.timeout_s
         read_cap = self.limits.output_kb << 10
         if spec.mode == "tests":
+            # the program's process decides whether the code continues the prompt's signature
             helpers = prompt_code(prompt) if spec.entry_point else ""
-            if spec.entry_point and helpers and not _defines(code, spec.entry_point):
-                code = helpers + "\n" + completion          # a base model continuing the signature
-            job.update(code=code, test=spec.test, check=spec.check, entry_point=spec.entry_point,
-                       helpers=helpers, imports=list(spec.imports))
+            job.update(test=spec.test, check=spec.check, entry_point=spec.entry_point,
+                       helpers=helpers, completion=completion)
             read_cap = max(read_cap, 8 << 20)
         elif spec.mode == "calls":
             job.update(fn_name=spec.fn_name, calls=spec.inputs)
@@ -507,21 +583,28 @@ class CodeTests:
         out = run_program(job, limits=self.limits, isolate=self.isolate, deadline_s=deadline,
                           read_cap=read_cap)
         payload = None if out.timed_out else result_payload(out.stdout, nonce)
+        if out.timed_out:
+            faults.count("code_tests", "timeout")
+        elif payload is None:
+            faults.count("code_tests", "no_result")
+        elif payload.get("flags"):
+            faults.count("code_tests", "rejected")
         if spec.mode == "tests":
             return judge_tests(spec, payload)
         results = (payload or {}).get("results", [])
         if not isinstance(results, list):
             return 0, len(spec.outputs)
         passed = 0
+        compare = OUTPUT_RULES[spec.grader] if spec.mode == "stdio" else VALUE_RULES[spec.grader]
         for k, expected in enumerate(spec.outputs):
-            got = results[k] if k < len(results) else {}
+            got = results[k] if k < len(results) and isinstance(results[k], dict) else {}
             try:
                 if spec.mode == "stdio":
-                    passed += isinstance(got["out"], str) and same_output(got["out"], expected)
-                else:
-                    passed += same_value(decode(got["value"]), expected)
-            except (ValueError, TypeError, KeyError, RecursionError):
-                pass
+                    passed += isinstance(got.get("out"), str) and compare(got["out"], expected)
+                elif "value" in got:
+                    passed += compare(decode(got["value"]), expected)
+            except Exception:  # noqa: BLE001 - a malformed value, or one that cannot be compared
+                faults.count("code_tests", "malformed_result")
         return passed, len(spec.outputs)
 
 
