@@ -519,6 +519,144 @@ def test_a_correct_program_of_this_shape_passes(reward, name):
     assert score(reward, row, program, prompt="") == 1.0
 
 
+# ---- A third round: the program in a process of its own -------------------------------------
+# Rows whose expected values are computed inside the sandbox (a check loop over a list of
+# expected values, an expectation computed from the argument, a property test), and programs that
+# are wrong unless they reach the tests' objects. The first eight fooled the harness in which the
+# program and the tests shared one interpreter.
+
+ADD = {"entry_point": "add", "test": (
+    "def check(candidate):\n    inputs = [[1, 2], [5, 7], [10, -3]]\n    results = [3, 12, 7]\n"
+    "    for inp, exp in zip(inputs, results):\n        assert candidate(*inp) == exp\n")}
+ADD_RIGHT = "def add(a, b):\n    return a + b\n"
+SORTED = {"tests": "xs = [3, 1, 2]\nassert sort_copy(xs) == sorted(xs)\n"}
+SORTED_RIGHT = "def sort_copy(xs):\n    return sorted(xs)\n"
+ISCLOSE = {"test_list": ["assert math.isclose(f(0.5), 1.0)"], "test_imports": ["import math"]}
+ISCLOSE_RIGHT = "def f(x):\n    return 2 * x\n"
+EQ = {"tests": "assert f(2) == int('4')\n"}
+EQ_RIGHT = "def f(x):\n    return 2 * x\n"
+POLY_PROMPT = ("import math\n\n\ndef poly(xs: list, x: float):\n    \"\"\"xs[0] + xs[1] x + ...\"\"\"\n"
+               "    return sum(coeff * math.pow(x, i) for i, coeff in enumerate(xs))\n\n\n"
+               "def find_zero(xs: list):\n    \"\"\"A zero of the polynomial with coefficients xs.\"\"\"\n")
+POLY = {"entry_point": "find_zero", "test": (
+    "def check(candidate):\n    import math\n    import random\n    rng = random.Random(42)\n"
+    "    for _ in range(50):\n        ncoeff = 2 * rng.randint(1, 4)\n        coeffs = []\n"
+    "        for _ in range(ncoeff):\n            coeff = rng.randint(-10, 10)\n"
+    "            coeffs.append(coeff if coeff != 0 else 1)\n"
+    "        solution = candidate(coeffs)\n        assert math.fabs(poly(coeffs, solution)) < 1e-4\n")}
+POLY_RIGHT = POLY_PROMPT + (
+    "    lo, hi = -1.0, 1.0\n    while poly(xs, lo) * poly(xs, hi) > 0:\n        lo, hi = 2 * lo, 2 * hi\n"
+    "    for _ in range(200):\n        mid = (lo + hi) / 2\n"
+    "        if poly(xs, lo) * poly(xs, mid) <= 0:\n            hi = mid\n        else:\n"
+    "            lo = mid\n    return lo\n")
+FORGED_LINE = json.dumps({"flags": [], "lit": {}, "ran": {"0": [3, 0]}, "done": True})
+
+# name -> (row, prompt, wrong program that passes only by reaching the tests, right program)
+CROSS_PROCESS_ATTACKS = {
+    "reading the expected value from the caller's frame": (ADD, "", (
+        "import sys\ndef add(a, b):\n    f = sys._getframe(1)\n    while f is not None:\n"
+        "        if 'exp' in f.f_locals:\n            return f.f_locals['exp']\n        f = f.f_back\n"
+        "    return 0\n"), ADD_RIGHT),
+    "mutating the test's argument in place": (SORTED, "", (
+        "def sort_copy(xs):\n    xs.clear()\n    return []\n"), SORTED_RIGHT),
+    "mutating a property test's argument (HumanEval/32's shape)": (POLY, POLY_PROMPT, POLY_PROMPT + (
+        "    xs[:] = [0, 1]\n    return 0.0\n"), POLY_RIGHT),
+    "the guard switched off through sys.modules, then math.isclose patched": (ISCLOSE, "", (
+        "import sys, math\nh = sys.modules['__main__']\nh.Guard.check = lambda *a, **k: None\n"
+        "math.isclose = lambda *a, **k: True\ndef f(x):\n    return 0\n"), ISCLOSE_RIGHT),
+    "the guard switched off, then builtins patched": (
+        {"test_list": ["assert abs(f(1) - 2) < 1e-9"]}, "", (
+        "import sys, builtins\nh = sys.modules['__main__']\nh.Guard.check = lambda *a, **k: None\n"
+        "def f(x):\n    builtins.abs = lambda v: 0\n    return 0\n"), ISCLOSE_RIGHT),
+    "the harness's encode and decode patched": (EQ, "", (
+        "import sys\nh = sys.modules['__main__']\nh.Guard.check = lambda *a, **k: None\n"
+        "h.encode = lambda *a, **k: 0\nh.decode = lambda *a, **k: 0\ndef f(x):\n    return 0\n"),
+        EQ_RIGHT),
+    "an audit hook that swaps the recorders when the tests are compiled": (ADD, "", (
+        "import sys\ndef hook(event, args):\n    if event != 'exec':\n        return\n"
+        "    f = sys._getframe(1)\n    while f is not None:\n        t = f.f_locals.get('tests')\n"
+        "        if isinstance(t, dict) and '__grpo_eq__' in t and not t.get('_done'):\n"
+        "            real = t['__grpo_eq__']\n            t['__grpo_eq__'] = lambda i, a, b: real(i, 0, 0)\n"
+        "            t['_done'] = True\n            return\n        f = f.f_back\n"
+        "sys.addaudithook(hook)\ndef add(a, b):\n    return 0\n"), ADD_RIGHT),
+    "a result line forged with the nonce read from the frames": (ADD, "", (
+        "import sys, os\nf = sys._getframe()\nwhile f is not None:\n"
+        "    if 'nonce' in f.f_locals and 'result_fd' in f.f_locals:\n"
+        f"        os.write(f.f_locals['result_fd'], f.f_locals['nonce'] + {FORGED_LINE!r}.encode() + b'\\n')\n"
+        "        os._exit(0)\n    f = f.f_back\ndef add(a, b):\n    return 0\n"), ADD_RIGHT),
+    # against the two processes themselves
+    "killing the tests' process": (ADD, "", (
+        "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 0\n"),
+        ADD_RIGHT),
+    "stopping the tests' process": (ADD, "", (
+        "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGSTOP)\n    return 0\n"),
+        ADD_RIGHT),
+    "interrupting the tests with SIGINT during a failing check": (ADD, "", (
+        "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGINT)\n    return 0\n"),
+        ADD_RIGHT),
+    "the tests' memory and descriptors through /proc": (ADD, "", (
+        "import os, re\ndef add(a, b):\n    p = os.getppid()\n    try:\n"
+        "        with open(f'/proc/{p}/mem', 'rb') as m, open(f'/proc/{p}/maps') as maps:\n"
+        "            for line in maps:\n                lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "                m.seek(lo)\n                data = m.read(hi - lo)\n"
+        "                for nonce in re.findall(rb'[0-9a-f]{32}', data):\n"
+        f"                    for fd in range(64):\n                        try:\n"
+        f"                            with open(f'/proc/{{p}}/fd/{{fd}}', 'wb') as out:\n"
+        f"                                out.write(nonce + {FORGED_LINE!r}.encode() + b'\\n')\n"
+        "                        except OSError:\n                            pass\n"
+        "    except OSError:\n        pass\n    return 0\n"), ADD_RIGHT),
+    "a reply the program's server forges (a malformed Fraction)": (EQ, "", (
+        "import sys\nh = sys.modules['__main__']\nh.encode = lambda *a, **k: {'fr': [1, 0]}\n"
+        "def f(x):\n    return 0\n"), EQ_RIGHT),
+    "a reply the program's server forges (a signalling NaN)": (EQ, "", (
+        "from decimal import Decimal\ndef f(x):\n    return Decimal('sNaN')\n"), EQ_RIGHT),
+    "a reply larger than the cap": (EQ, "", (
+        "def f(x):\n    return 'x' * (40 << 20)\n"), EQ_RIGHT),
+}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(CROSS_PROCESS_ATTACKS))
+def test_the_tests_are_out_of_the_programs_reach(reward, name):
+    row, prompt, wrong, right = CROSS_PROCESS_ATTACKS[name]
+    started = time.monotonic()
+    assert score(reward, row, fenced(wrong), prompt=prompt) == 0.0
+    assert time.monotonic() - started < DEADLINE + 1.5
+    assert score(reward, row, fenced(right), prompt=prompt) == 1.0
+
+
+@needs_sandbox
+def test_the_tests_process_memory_and_descriptors_are_closed_to_the_program(reward):
+    row = {"tests": "assert probe() == ['denied', 'denied', 'denied']\n"}
+    program = ("import os\ndef probe():\n    out = []\n    p = os.getppid()\n"
+               "    for path, mode in ((f'/proc/{p}/mem', 'rb'), (f'/proc/{p}/fd/1', 'wb'),\n"
+               "                       (f'/proc/{p}/environ', 'rb')):\n        try:\n"
+               "            open(path, mode).close()\n            out.append('opened')\n"
+               "        except PermissionError:\n            out.append('denied')\n    return out\n")
+    assert score(reward, row, program, prompt="") == 1.0
+
+
+@needs_sandbox
+def test_program_objects_cross_as_handles(reward):
+    # a generator, a class's instances passed back, a method, an attribute, len(), indexing and
+    # a builtin exception raised across
+    row = {"tests": ["assert list(g(3)) == [0, 1, 2]", "b = Box([4, 5])",
+                     "assert b.size() == 2 and b.items == [4, 5] and len(b) == 2 and b[1] == 5",
+                     "assert total([Box([1]), Box([2, 3])]) == 6",
+                     "try:\n    pos(-1)\n    raised = False\nexcept ValueError:\n    raised = True",
+                     "assert raised"]}
+    program = ("def g(n):\n    yield from range(n)\ndef pos(n):\n    if n < 0:\n"
+               "        raise ValueError(n)\n    return n\n"
+               "class Box:\n    def __init__(self, items):\n        self.items = items\n"
+               "    def size(self):\n        return len(self.items)\n    def __len__(self):\n"
+               "        return len(self.items)\n    def __getitem__(self, k):\n        return self.items[k]\n"
+               "def total(boxes):\n    return sum(sum(b.items) for b in boxes)\n")
+    assert score(reward, row, program, prompt="") == 1.0
+    # a handle compared, or tested for truth, is refused whatever the object would answer
+    for test in ("assert Box([1]) == Box([1])", "assert Box([1])"):
+        assert score(reward, {"tests": [test]}, program, prompt="") == 0.0
+
+
 def test_a_result_line_of_the_wrong_shape_scores_zero_not_an_error():
     from grpo.rewards.code import judge_tests, result_payload
     spec = spec_from_row({"test_list": ["assert f(1) == 2", "assert g(1)"]})
