@@ -665,3 +665,24 @@ def test_a_result_line_of_the_wrong_shape_scores_zero_not_an_error():
     assert judge_tests(spec, {"done": True, "ran": {"0": [1, 0], "1": [1, 0]}}) == (0, 2)  # a literal
     assert judge_tests(spec, {"done": True, "ran": {"1": [1, 0]}, "lit": {"0": [2]}}) == (2, 2)
     assert result_payload("N" + "[" * 200_000 + "]" * 200_000 + "\n", "N") is None
+
+
+# ---- Completions built to make the reward raise or stall ---------------------------------------
+
+BUILT_TO_BREAK = {
+    "an expression 3,000 levels deep": "x = " + "(" * 3000 + "1" + ")" * 3000 + "\n",
+    "a def line after 200,000 blank lines": "\n" * 200_000 + "def f(:\n",
+    "100,000 code fences": "```\n" * 100_000,
+    "a lone surrogate and a NUL": "def running_max(numbers):\n    return '\udcff\x00'\n",
+    "a megabyte of one line": "#" + "x" * (1 << 20),
+}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(BUILT_TO_BREAK))
+@pytest.mark.parametrize("fmt", ["humaneval", "apps", "livecodebench"])
+def test_a_completion_cannot_make_code_tests_raise_or_stall(reward, fmt, name):
+    row = rows(fmt)[0]
+    started = time.monotonic()
+    assert score(reward, row, BUILT_TO_BREAK[name], prompt=row.get("prompt", "")) == 0.0
+    assert time.monotonic() - started < DEADLINE + 1.5
