@@ -111,7 +111,8 @@ class AgentConfig:
     turn_rewards: bool = False
     """Advantages from the environment's per-turn rewards (DeepSeekMath 4.1.3 process supervision:
     each turn's normalized reward credited to the tokens before it), the reward functions' total
-    added to the last turn; false gives every token the episode's outcome advantage."""
+    added to the last turn (in a truncated episode, the cut turn: the environment gave it no reward
+    of its own); false gives every token the episode's outcome advantage."""
 
 
 @dataclass(frozen=True)

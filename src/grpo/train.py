@@ -315,16 +315,24 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
 def turn_advantages(rollout: Rollout, rewards: torch.Tensor, eps: float) -> torch.Tensor:
     """Process supervision over turns (advantages.process_supervision): each turn's reward from
     the environment (0 where it gave none), the reward functions' total added to the last turn.
-    The environment's episode reward is already inside `rewards`, so it is not counted twice."""
+    The environment's episode reward is already inside `rewards`, so it is not counted twice.
+
+    Every turn is a step with its own reward, the cut last turn of a truncated episode included:
+    the environment never saw that turn (reward 0), and as the final turn it carries the outcome
+    (the reward functions' total with any overlong penalty), so its tokens get an advantage of
+    their own instead of 0, and the outcome is not moved to the turn before it."""
     e = rollout.episodes
     per_turn, ends = [], []
     for i in range(len(rollout)):
-        turn = [0.0 if r is None else float(r) for r in e["turn_rewards"][i]] or [0.0]
+        turn_ends = e["turn_ends"][i]
+        given = e["turn_rewards"][i]
+        given = list(given) + [None] * (len(turn_ends) - len(given))   # a turn without an entry: 0
+        turn = [0.0 if r is None else float(r) for r in given] or [0.0]
         outcome = float(rewards[i]) if not math.isnan(float(rewards[i])) else 0.0
         env_total = e["env_reward"][i] or 0.0
         turn[-1] += outcome - env_total
         per_turn.append(turn)
-        ends.append(e["turn_ends"][i][:len(turn)] or [int(rollout.completion_mask[i].sum()) - 1])
+        ends.append(turn_ends[:len(turn)] or [int(rollout.completion_mask[i].sum()) - 1])
     return process_supervision(per_turn, ends, rollout.group_ids, rollout.completion_ids.shape[1], eps)
 
 
