@@ -541,3 +541,29 @@ def test_tools_and_an_environment_given_from_python(agent_model_dir, tmp_path):
     sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
     assert "word_count(text)" in sample["prompt"] and "calculator(expression)" in sample["prompt"]
 
+
+def test_the_overlong_penalty_counts_the_episodes_tokens_against_episode_tokens():
+    from grpo.build import Agent, Data
+    from grpo.config import build_config
+    from grpo.rollout import Rollout
+    from grpo.train import score_rollout
+    # episode_tokens 30, overlong_buffer 0.2: buffer round(0.2 * 30) = 6 tokens, free up to 24.
+    # Three episodes, each with 5 policy tokens, of 30, 27 and 20 tokens after the prompt:
+    #   30 -> (24 - 30) / 6 = -1.0 (cut at the budget);  27 -> (24 - 27) / 6 = -0.5;  20 -> 0.
+    # Counted by policy tokens alone (5 each) none would be penalized.
+    lengths, T = [30, 27, 20], 30
+    context = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
+    policy = torch.zeros(3, T, dtype=torch.long)
+    policy[:, :5] = 1
+    r = Rollout(prompts=["p"] * 3, completions=["c"] * 3, group_ids=torch.zeros(3, dtype=torch.long),
+                prompt_ids=torch.zeros(3, 1, dtype=torch.long), prompt_mask=torch.ones(3, 1, dtype=torch.long),
+                completion_ids=torch.zeros(3, T, dtype=torch.long), completion_mask=policy,
+                sampler_logprobs=torch.zeros(3, T), truncated=torch.tensor([True, False, False]),
+                context_mask=context, episodes={"env_reward": [None] * 3})
+    agent = Agent(tools={}, make_env=None, call_format="plain",
+                  limits=EpisodeLimits(max_turns=3, turn_tokens=5, episode_tokens=30))
+    data = Data(train_rows=[], eval_rows=[], reward_fns=[lambda prompts, completions: [1.0] * 3],
+                reward_weights=[1.0], accuracy_fn=None, agent=agent)
+    score_rollout(build_config({"overlong_buffer": 0.2}), r, data)
+    assert r.rewards_per_fn["overlong"] == [-1.0, -0.5, 0.0]
+    assert r.rewards.tolist() == [0.0, 0.5, 1.0]

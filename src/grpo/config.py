@@ -200,7 +200,8 @@ class LossConfig:
     mask_truncated: bool = False
     """DAPO overlong filtering: completions cut at max_new_tokens take no part in the loss."""
     overlong_buffer: float = 0.0
-    """DAPO soft overlong punishment: a linear penalty over the last fraction of max_new_tokens; 0 off."""
+    """DAPO soft overlong punishment: a linear penalty over the last fraction of max_new_tokens (in
+    multi-turn runs, of episode_tokens, counting every token after the prompt); 0 off."""
     overlong_penalty: float = 1.0
     """The penalty at max_new_tokens when overlong_buffer is on."""
     tis_cap: float = 0.0

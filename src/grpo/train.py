@@ -440,8 +440,10 @@ def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
         rollout.rewards_per_fn["environment"] = env
         totals = [None if t is None else t + r for t, r in zip(totals, env)]
     if c.loss.overlong_buffer > 0:
+        # An episode's budget counts every token after the prompt, the environment's too, so its
+        # length does: an episode cut at episode_tokens gets the full penalty.
         budget = data.agent.limits.episode_tokens if data.agent else c.sampling.max_new_tokens
-        penalty = overlong_penalty(rollout.completion_mask.sum(-1).tolist(), budget,
+        penalty = overlong_penalty(rollout.real_mask.sum(-1).tolist(), budget,
                                    round(c.loss.overlong_buffer * budget), c.loss.overlong_penalty)
         rollout.rewards_per_fn["overlong"] = penalty
         totals = [None if t is None else t + p for t, p in zip(totals, penalty)]
