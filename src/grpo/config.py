@@ -194,7 +194,8 @@ class LossConfig:
     clip_c: float = 3.0
     """dual_clip: for negative advantages the objective is at least clip_c * A (clip_c > 1)."""
     kl_estimator: str = "k3"
-    """KL(pi || pi_ref) estimator per token: k1, k2 or k3."""
+    """KL(pi || pi_ref) estimator per token: k1, k2 or k3. k1 only with kl_in_reward=true (or
+    beta=0): as a loss term its expected gradient is 0, so it is refused."""
     kl_in_reward: bool = False
     """Subtract beta * (sum of per-token KL) from each reward (PPO-RLHF) instead of a loss term."""
     mask_truncated: bool = False
@@ -489,6 +490,12 @@ def validate(config: TrainConfig) -> None:
     if not 0 <= c["overlong_buffer"] < 1:
         raise ConfigError(f"config key 'overlong_buffer' is a fraction of max_new_tokens in [0, 1), "
                           f"got {c['overlong_buffer']}")
+    if c["kl_estimator"] == "k1" and c["beta"] > 0 and not c["kl_in_reward"]:
+        # d k1 / d theta = grad log pi, whose expectation under pi is 0: the term does nothing
+        raise ConfigError("config key 'kl_estimator': k1 as a loss term (beta > 0 with "
+                          "kl_in_reward=false) has an expected gradient of exactly 0, so it would "
+                          "not regularize at all; set kl_in_reward=true to put k1 in the reward "
+                          "(PPO-RLHF, RLOO), or kl_estimator=k2 or kl_estimator=k3 for a loss term")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
     if c["sampler"] not in ("hf", "vllm"):

@@ -77,7 +77,9 @@ POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
 # Each estimates KL(pi_theta || pi_ref) per token from samples of pi_theta.
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """log(pi/pi_ref): unbiased, can be negative."""
+    """log(pi/pi_ref): unbiased, can be negative. As a loss term its gradient is grad log pi, whose
+    expectation under pi is 0, so it belongs in the reward (`kl_penalized_rewards`); the config
+    refuses it as a loss term."""
     return logp - ref_logp
 
 
