@@ -117,3 +117,13 @@ def test_k1_as_a_loss_term_is_refused_naming_what_to_use_instead():
     assert load_config(None, ["algorithm=rloo"]).loss.kl_estimator == "k1"
     assert load_config(None, ["kl_estimator=k1", "beta=0"]).loss.beta == 0.0
     assert load_config(None, ["kl_estimator=k1", "kl_in_reward=true"]).loss.kl_in_reward
+
+
+def test_cispo_resolves_epsilon_to_no_lower_bound_unless_it_is_set():
+    # 1 - epsilon is the lower bound of CISPO's weight; epsilon 1.0 puts it at 0, below any ratio
+    bare = build_config({"loss_type": "cispo"}).loss
+    assert (bare.epsilon, bare.epsilon_high) == (1.0, 0.2)      # the upper bound stays at 1.2
+    assert build_config({"loss_type": "cispo", "epsilon": 0.1}).loss.epsilon == 0.1
+    assert build_config({"algorithm": "cispo"}).loss.epsilon == 1.0
+    assert build_config({"algorithm": "gspo", "loss_type": "cispo"}).loss.epsilon == 1.0  # a preset's is not the user's
+    assert build_config({"loss_type": "clip"}).loss.epsilon == 0.2   # other losses keep theirs

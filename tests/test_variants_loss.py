@@ -277,6 +277,27 @@ def test_is_weights_multiply_the_surrogate_not_the_kl():
     assert logp.grad.tolist() == [pytest.approx([-0.225, -1.05], rel=1e-14)]
 
 
+@pytest.mark.parametrize("keys, floor, cap", [
+    ({"algorithm": "cispo"}, None, 1.28),                  # the paper: clipped above only
+    ({"loss_type": "cispo"}, None, 1.2),                   # no preset: no lower bound either
+    ({"loss_type": "cispo", "epsilon_high": 0.0}, None, 1.2),  # "equal to epsilon" keeps 1.2
+    ({"loss_type": "cispo", "epsilon": 0.2}, 0.8, 1.2),    # a lower bound only when asked for
+    ({"algorithm": "cispo", "epsilon": 0.2}, 0.8, 1.28),
+])
+def test_cispo_weight_has_no_lower_bound_unless_epsilon_is_set(keys, floor, cap):
+    from grpo.config import build_config
+    c = build_config(keys).loss
+    # ratio 1/e with A = -1 and ratio e with A = +1: objective sg(w) A logp, so d objective / d logp
+    # = w A. No lower bound: w = 1/e = 0.3678794 -> -0.3678794 (with the floor 0.8: -0.8). Above,
+    # w = min(e, cap) -> cap. The weight is detached: the gradient is w A, not d(w A logp).
+    objective, grad, low, high = surrogate("cispo", [-1.0, 1.0], [-1.0, 1.0],
+                                           eps_low=c.epsilon, eps_high=c.epsilon_high or c.epsilon)
+    w = floor if floor is not None else math.exp(-1.0)
+    assert grad == [pytest.approx(-w, rel=1e-14), pytest.approx(cap, rel=1e-14)]
+    assert objective == [0.0, 0.0]        # logp = 0 in `surrogate`
+    assert low == [floor is not None, False] and high == [False, True]
+
+
 # ------------------------------------------------------------- gradient against a naive reference
 
 N_ROWS, T_NAIVE = 8, 6

@@ -180,7 +180,8 @@ class LossConfig:
     beta: float = 0.04
     """KL penalty coefficient toward the reference model; 0 loads no reference model at all."""
     epsilon: float = 0.2
-    """Lower clip range: rho is clipped below at 1 - epsilon."""
+    """Lower clip range: rho is clipped below at 1 - epsilon. With loss_type=cispo it is 1.0 unless
+    set explicitly: no lower bound on the IS weight, as in the CISPO paper."""
     epsilon_high: float = 0.0
     """Upper clip range: rho is clipped above at 1 + epsilon_high; 0 means equal to `epsilon`."""
     advantage_eps: float = 1e-4
@@ -188,7 +189,8 @@ class LossConfig:
     advantage: str = "group_norm"
     """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo."""
     loss_type: str = "clip"
-    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio), cispo (clipped IS weight)."""
+    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio), cispo (IS weight clipped
+    above at 1 + epsilon_high, stop-gradient)."""
     aggregation: str = "sequence_mean"
     """Token weighting: sequence_mean (GRPO), token_mean (DAPO), constant (Dr. GRPO), sequence_sum."""
     clip_c: float = 3.0
@@ -424,6 +426,7 @@ def build_config(values: dict | None = None) -> TrainConfig:
         raise ConfigError(f"config key 'algorithm': unknown preset {algorithm!r}; "
                           f"choose one of {sorted(ALGORITHMS)}")
     merged = {**ALGORITHMS[algorithm], **values}
+    merged.update(implied_keys(merged, explicit=set(values)))
     per_section: dict[str, dict] = {}
     for key, value in merged.items():
         section, _, hint = KEYS[key]
@@ -432,6 +435,23 @@ def build_config(values: dict | None = None) -> TrainConfig:
                             for s in dataclasses.fields(TrainConfig)})
     validate(config)
     return config
+
+
+def implied_keys(merged: dict, explicit: set[str]) -> dict:
+    """Values that a choice implies for keys the user did not set (presets do not count as set).
+
+    loss_type=cispo: the CISPO paper (MiniMax-M1, arXiv:2506.13585) clips the IS weight above only,
+    so unless `epsilon` is set explicitly it becomes 1.0, a lower bound of 1 - 1 = 0 that no ratio
+    falls below: the weight is min(ratio, 1 + epsilon_high). An `epsilon_high` of 0 ("equal to
+    epsilon") is resolved first, so the upper bound stays where it was.
+    """
+    out = {}
+    if merged.get("loss_type") == "cispo" and "epsilon" not in explicit:
+        epsilon = merged.get("epsilon", LossConfig.epsilon)
+        if not merged.get("epsilon_high", LossConfig.epsilon_high):
+            out["epsilon_high"] = epsilon
+        out["epsilon"] = 1.0
+    return out
 
 
 def validate(config: TrainConfig) -> None:

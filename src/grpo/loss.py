@@ -60,7 +60,9 @@ def gspo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
 
 def cispo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
     """CISPO (MiniMax-M1, arXiv:2506.13585): sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * logp.
-    The clipped weight is detached, so every token keeps a gradient, however far its ratio went."""
+    The clipped weight is detached, so every token keeps a gradient, however far its ratio went.
+    The paper bounds the weight above only: eps_low = 1 (what the config resolves for cispo unless
+    `epsilon` is set) puts the lower bound at 0, below every ratio."""
     ratio = torch.exp(logp - old_logp)
     weight = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()
     return Surrogate(weight * adv * logp, ratio < 1 - eps_low, ratio > 1 + eps_high)
