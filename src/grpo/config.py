@@ -189,8 +189,8 @@ class LossConfig:
     advantage: str = "group_norm"
     """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo."""
     loss_type: str = "clip"
-    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio), cispo (IS weight clipped
-    above at 1 + epsilon_high, stop-gradient)."""
+    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio; GSPO-token with per-token
+    advantages), cispo (IS weight clipped above at 1 + epsilon_high, stop-gradient)."""
     aggregation: str = "sequence_mean"
     """Token weighting: sequence_mean (GRPO), token_mean (DAPO), constant (Dr. GRPO), sequence_sum."""
     clip_c: float = 3.0
