@@ -170,6 +170,11 @@ class RewardConfig:
     """code_tests: programs run in parallel."""
     unsafe_code_execution: bool = False
     """code_tests: run programs even where the sandbox cannot isolate them (docs/sandbox.md)."""
+    unscorable: str = "any"
+    """When a row is unscorable (left out of its group, advantage 0, counted in reward/unscorable):
+    `any` when any reward function returns None for it; `all` only when every one does, and
+    otherwise its reward is the weighted sum over the functions that scored it (None counted as
+    missing, as TRL's nansum): for datasets that mix tasks, each function scoring its own rows."""
     reward_on_error: str = "raise"
     """When a reward function raises: `raise` stops naming it and the sample; `skip` marks the
     sample unscorable (left out of its group, counted in reward/unscorable)."""
@@ -525,6 +530,10 @@ def validate(config: TrainConfig) -> None:
                           f"{c['vllm_gpu_memory_utilization']}")
     if c["parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"config key 'parallel' must be ddp or fsdp, got {c['parallel']!r}")
+    if c["unscorable"] not in ("any", "all"):
+        raise ConfigError(f"config key 'unscorable' must be any or all, got {c['unscorable']!r}: "
+                          "any (a row is unscorable when any reward function returns None for it) "
+                          "or all (only when every one does)")
     if c["reward_on_error"] not in ("raise", "skip"):
         raise ConfigError(f"config key 'reward_on_error' must be raise or skip, got {c['reward_on_error']!r}")
     if c["reward_weights"] and len(c["reward_weights"]) != len(c["rewards"]):

@@ -430,10 +430,12 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
 
 
 def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
-    """Weighted sum of the reward functions (plus DAPO's overlong penalty); None becomes NaN."""
+    """Weighted sum of the reward functions (plus DAPO's overlong penalty); an unscorable row
+    (`unscorable`: any or all of its functions returned None) becomes NaN."""
     totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
                                            rollout.completions, rollout.columns,
-                                           on_error=c.reward.reward_on_error)
+                                           on_error=c.reward.reward_on_error,
+                                           unscorable=c.reward.unscorable)
     if rollout.episodes and data.agent is not None and data.agent.make_env is not None:
         # the environment's own episode reward is one more component (0 when it gave none)
         env = [0.0 if r is None else r for r in rollout.episodes["env_reward"]]
