@@ -556,7 +556,8 @@ def test_the_overlong_penalty_counts_the_episodes_tokens_against_episode_tokens(
     policy = torch.zeros(3, T, dtype=torch.long)
     policy[:, :5] = 1
     r = Rollout(prompts=["p"] * 3, completions=["c"] * 3, group_ids=torch.zeros(3, dtype=torch.long),
-                prompt_ids=torch.zeros(3, 1, dtype=torch.long), prompt_mask=torch.ones(3, 1, dtype=torch.long),
+                prompt_ids=torch.zeros(3, 1, dtype=torch.long),
+                prompt_mask=torch.ones(3, 1, dtype=torch.long),
                 completion_ids=torch.zeros(3, T, dtype=torch.long), completion_mask=policy,
                 sampler_logprobs=torch.zeros(3, T), truncated=torch.tensor([True, False, False]),
                 context_mask=context, episodes={"env_reward": [None] * 3})

@@ -125,5 +125,6 @@ def test_cispo_resolves_epsilon_to_no_lower_bound_unless_it_is_set():
     assert (bare.epsilon, bare.epsilon_high) == (1.0, 0.2)      # the upper bound stays at 1.2
     assert build_config({"loss_type": "cispo", "epsilon": 0.1}).loss.epsilon == 0.1
     assert build_config({"algorithm": "cispo"}).loss.epsilon == 1.0
-    assert build_config({"algorithm": "gspo", "loss_type": "cispo"}).loss.epsilon == 1.0  # a preset's is not the user's
+    # a preset's epsilon is not the user's
+    assert build_config({"algorithm": "gspo", "loss_type": "cispo"}).loss.epsilon == 1.0
     assert build_config({"loss_type": "clip"}).loss.epsilon == 0.2   # other losses keep theirs

@@ -149,6 +149,6 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     return totals, per_fn
 
 
-__all__ = ["REWARDS", "RewardError", "UNSCORABLE", "get_reward", "score", "math_accuracy", "exact_answer",
-           "think_format", "countdown_equation", "code_tests", "CodeTests", "final_answer", "extract_answer",
-           "reward_name"]
+__all__ = ["REWARDS", "RewardError", "UNSCORABLE", "get_reward", "score", "math_accuracy",
+           "exact_answer", "think_format", "countdown_equation", "code_tests", "CodeTests",
+           "final_answer", "extract_answer", "reward_name"]
