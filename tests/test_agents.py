@@ -471,6 +471,50 @@ def test_each_limit_truncates_the_episode(talker, engine):
     # a turn cut at turn_tokens: a 1-token turn cannot end with EOS after a digit
     r = run(EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500))
     assert r.truncated.any() and all(t == 1 for t, cut in zip(r.episodes["turns"], r.truncated) if cut)
+    # the cut turn is a turn of its own: it has a reward entry (None: the environment never saw
+    # it), so turn_rewards credits the outcome to it and not to the turn before
+    for ends, given, cut in zip(r.episodes["turn_ends"], r.episodes["turn_rewards"], r.truncated):
+        assert len(given) == len(ends)
+        if cut:
+            assert given == [None]
+
+
+def hand_episodes(turn_ends, turn_rewards, truncated, T):
+    """A Rollout of episodes as the sampler leaves them, with only what turn_advantages reads."""
+    from grpo.rollout import Rollout
+    n = len(turn_ends)
+    given = [[r for r in rs if r is not None] for rs in turn_rewards]
+    return Rollout(
+        prompts=["p"] * n, completions=["c"] * n, group_ids=torch.zeros(n, dtype=torch.long),
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.zeros(n, T, dtype=torch.long),
+        completion_mask=torch.tensor([[1, 1, 0, 0, 1, 1]] * n), sampler_logprobs=torch.zeros(n, T),
+        truncated=torch.tensor(truncated), context_mask=torch.ones(n, T, dtype=torch.long),
+        episodes={"turn_ends": turn_ends, "turn_rewards": turn_rewards,
+                  "env_reward": [sum(g) if g else None for g in given]})
+
+
+def test_the_cut_turn_of_a_truncated_episode_gets_its_own_advantage():
+    from grpo.train import turn_advantages
+    # Two episodes of one group, tokens [p p e e p p] (policy, environment), turns ending at 1 and 5.
+    # Episode 0 ends its second turn; the environment gave 0.5 and 1.0; the reward functions give 1.0,
+    #   so its reward is 1.0 + 1.5 = 2.5 and its turns are [0.5, 1.0 + (2.5 - 1.5)] = [0.5, 2.0].
+    # Episode 1 is cut in its second turn: the environment gave 0.5 for the first and nothing for the
+    #   cut one (None); the reward functions give -1.0 (say, the overlong penalty at the budget), so
+    #   its reward is -1.0 + 0.5 = -0.5 and its turns are [0.5, 0 + (-0.5 - 0.5)] = [0.5, -1.0].
+    # Pooled over the group: [0.5, 2.0, 0.5, -1.0], mean 0.5, deviations [0, 1.5, 0, -1.5],
+    #   sample variance (2.25 + 2.25) / 3 = 1.5, std sqrt(1.5); normalized (eps 0):
+    #   [0, sqrt(1.5), 0, -sqrt(1.5)] = [0, 1.2247449, 0, -1.2247449].
+    # Token t gets the sum over the turns ending at or after it: every token of episode 0 gets
+    #   0 + 1.2247449 (first turn's tokens) or 1.2247449; of episode 1, -1.2247449, the cut turn's
+    #   tokens 4 and 5 included. (Before, the outcome went to the first turn and tokens 4, 5 got 0.)
+    r = hand_episodes([[1, 5], [1, 5]], [[0.5, 1.0], [0.5, None]], [False, True], T=6)
+    adv = turn_advantages(r, torch.tensor([2.5, -0.5]), eps=0.0)
+    s = 1.5 ** 0.5
+    assert adv.tolist() == [pytest.approx([s] * 6, rel=1e-6), pytest.approx([-s] * 6, rel=1e-6)]
+    # a rollout whose cut turn has no reward entry at all is read the same way
+    r = hand_episodes([[1, 5], [1, 5]], [[0.5, 1.0], [0.5]], [False, True], T=6)
+    assert turn_advantages(r, torch.tensor([2.5, -0.5]), eps=0.0).tolist() == adv.tolist()
 
 
 def word_count(text: str) -> int:
@@ -496,3 +540,31 @@ def test_tools_and_an_environment_given_from_python(agent_model_dir, tmp_path):
     assert sorted(agent.tools) == ["calculator", "word_count"] and agent.make_env is GuessNumber
     sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
     assert "word_count(text)" in sample["prompt"] and "calculator(expression)" in sample["prompt"]
+
+
+def test_the_overlong_penalty_counts_the_episodes_tokens_against_episode_tokens():
+    from grpo.build import Agent, Data
+    from grpo.config import build_config
+    from grpo.rollout import Rollout
+    from grpo.train import score_rollout
+    # episode_tokens 30, overlong_buffer 0.2: buffer round(0.2 * 30) = 6 tokens, free up to 24.
+    # Three episodes, each with 5 policy tokens, of 30, 27 and 20 tokens after the prompt:
+    #   30 -> (24 - 30) / 6 = -1.0 (cut at the budget);  27 -> (24 - 27) / 6 = -0.5;  20 -> 0.
+    # Counted by policy tokens alone (5 each) none would be penalized.
+    lengths, T = [30, 27, 20], 30
+    context = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
+    policy = torch.zeros(3, T, dtype=torch.long)
+    policy[:, :5] = 1
+    r = Rollout(prompts=["p"] * 3, completions=["c"] * 3, group_ids=torch.zeros(3, dtype=torch.long),
+                prompt_ids=torch.zeros(3, 1, dtype=torch.long),
+                prompt_mask=torch.ones(3, 1, dtype=torch.long),
+                completion_ids=torch.zeros(3, T, dtype=torch.long), completion_mask=policy,
+                sampler_logprobs=torch.zeros(3, T), truncated=torch.tensor([True, False, False]),
+                context_mask=context, episodes={"env_reward": [None] * 3})
+    agent = Agent(tools={}, make_env=None, call_format="plain",
+                  limits=EpisodeLimits(max_turns=3, turn_tokens=5, episode_tokens=30))
+    data = Data(train_rows=[], eval_rows=[], reward_fns=[lambda prompts, completions: [1.0] * 3],
+                reward_weights=[1.0], accuracy_fn=None, agent=agent)
+    score_rollout(build_config({"overlong_buffer": 0.2}), r, data)
+    assert r.rewards_per_fn["overlong"] == [-1.0, -0.5, 0.0]
+    assert r.rewards.tolist() == [0.0, 0.5, 1.0]

@@ -104,3 +104,27 @@ def test_the_config_reference_refuses_a_key_without_documentation(monkeypatch):
     monkeypatch.setattr(config_module, "SECTIONS", (*config_module.SECTIONS, ExtraConfig))
     with pytest.raises(ValueError, match="config key 'forgotten' \\(ExtraConfig\\) has no docstring"):
         config_module.reference_markdown()
+
+
+def test_k1_as_a_loss_term_is_refused_naming_what_to_use_instead():
+    # d k1 / d theta = grad log pi and E_pi[grad log pi] = 0: as a loss term k1 does nothing
+    with pytest.raises(ConfigError, match=r"config key 'kl_estimator': k1 as a loss term .* expected "
+                       r"gradient of exactly 0.*kl_in_reward=true.*kl_estimator=k2 or kl_estimator=k3"):
+        load_config(None, ["kl_estimator=k1", "beta=0.04"])
+    with pytest.raises(ConfigError, match="kl_in_reward=true"):
+        load_config(None, ["algorithm=rloo", "kl_in_reward=false"])
+    # in the reward (RLOO's preset), or with no KL at all, k1 is fine
+    assert load_config(None, ["algorithm=rloo"]).loss.kl_estimator == "k1"
+    assert load_config(None, ["kl_estimator=k1", "beta=0"]).loss.beta == 0.0
+    assert load_config(None, ["kl_estimator=k1", "kl_in_reward=true"]).loss.kl_in_reward
+
+
+def test_cispo_resolves_epsilon_to_no_lower_bound_unless_it_is_set():
+    # 1 - epsilon is the lower bound of CISPO's weight; epsilon 1.0 puts it at 0, below any ratio
+    bare = build_config({"loss_type": "cispo"}).loss
+    assert (bare.epsilon, bare.epsilon_high) == (1.0, 0.2)      # the upper bound stays at 1.2
+    assert build_config({"loss_type": "cispo", "epsilon": 0.1}).loss.epsilon == 0.1
+    assert build_config({"algorithm": "cispo"}).loss.epsilon == 1.0
+    # a preset's epsilon is not the user's
+    assert build_config({"algorithm": "gspo", "loss_type": "cispo"}).loss.epsilon == 1.0
+    assert build_config({"loss_type": "clip"}).loss.epsilon == 0.2   # other losses keep theirs

@@ -141,6 +141,71 @@ def test_none_from_one_function_makes_the_total_none():
     assert per_fn["is_yes"] == [None, 1.0]
 
 
+def math_only(prompts, completions, task, **columns):
+    """Scores the math rows (1 when the completion is "4"); None for the others."""
+    return [float(c == "4") if t == "math" else None for c, t in zip(completions, task)]
+
+
+def code_only(prompts, completions, task, **columns):
+    """Scores the code rows (1 when the completion is "ok"); None for the others."""
+    return [float(c == "ok") if t == "code" else None for c, t in zip(completions, task)]
+
+
+MIXED = {"task": ["math", "math", "code", "code", "poem"]}
+MIXED_COMPLETIONS = ["4", "5", "ok", "no", "roses"]
+
+
+def test_unscorable_all_sums_the_functions_that_scored_each_row():
+    # weights [1.0, 0.5]; math_only scores rows 0, 1 ([1, 0]); code_only scores rows 2, 3 ([1, 0]);
+    # nobody scores row 4 (a poem). all: rows 0..3 are 1.0*1 = 1.0, 1.0*0 = 0.0, 0.5*1 = 0.5,
+    # 0.5*0 = 0.0; row 4 None. any (the default): every row has a None, so every total is None.
+    fns, weights = [math_only, code_only], [1.0, 0.5]
+    totals, per_fn = score(fns, weights, ["p"] * 5, MIXED_COMPLETIONS, MIXED, unscorable="all")
+    assert totals == [1.0, 0.0, 0.5, 0.0, None]
+    assert per_fn == {"math_only": [1.0, 0.0, None, None, None],
+                      "code_only": [None, None, 1.0, 0.0, None]}
+    assert score(fns, weights, ["p"] * 5, MIXED_COMPLETIONS, MIXED)[0] == [None] * 5
+    # when every function scores a row, all and any agree: 2 * 1 + 3 * 0.5 = 3.5
+    both = [lambda p, c, **k: [1.0], lambda p, c, **k: [0.5]]
+    assert score(both, [2.0, 3.0], ["p"], ["x"], {}, unscorable="all")[0] == [3.5]
+    assert score(both, [2.0, 3.0], ["p"], ["x"], {}, unscorable="any")[0] == [3.5]
+
+
+def test_unscorable_must_be_any_or_all():
+    with pytest.raises(ValueError, match=r"unscorable must be one of \('any', 'all'\), got 'some'"):
+        score([length_reward], [1.0], ["p"], ["x"], {}, unscorable="some")
+    from grpo.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="config key 'unscorable' must be any or all, got 'some'"):
+        load_config(None, ["unscorable=some"])
+
+
+def test_unscorable_reaches_the_rollouts_rewards_from_the_config():
+    from grpo.build import Data
+    from grpo.config import build_config
+    from grpo.rollout import Rollout
+    from grpo.train import score_rollout
+
+    def rollout():
+        n = len(MIXED_COMPLETIONS)
+        return Rollout(prompts=["p"] * n, completions=MIXED_COMPLETIONS,
+                       group_ids=torch.zeros(n, dtype=torch.long),
+                       prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+                       prompt_mask=torch.ones(n, 1, dtype=torch.long),
+                       completion_ids=torch.zeros(n, 1, dtype=torch.long),
+                       completion_mask=torch.ones(n, 1, dtype=torch.long),
+                       sampler_logprobs=torch.zeros(n, 1), truncated=torch.zeros(n, dtype=torch.bool),
+                       columns=dict(MIXED))
+    data = Data(train_rows=[], eval_rows=[], reward_fns=[math_only, code_only],
+                reward_weights=[1.0, 0.5], accuracy_fn=math_only)
+    r = rollout()
+    score_rollout(build_config({"unscorable": "all"}), r, data)
+    # as above: [1.0, 0.0, 0.5, 0.0, None]; None becomes NaN (left out of its group)
+    assert r.rewards[:4].tolist() == [1.0, 0.0, 0.5, 0.0] and math.isnan(r.rewards[4])
+    r = rollout()
+    score_rollout(build_config({}), r, data)
+    assert torch.isnan(r.rewards).all()
+
+
 def test_columns_reach_the_functions():
     totals, _ = score([get_reward("exact_answer")], [1.0], ["p"] * 2, ["7", "8"], {"answer": ["7", "7"]})
     assert totals == [1.0, 0.0]

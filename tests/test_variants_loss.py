@@ -154,6 +154,56 @@ def test_gspo_loss_gradient_and_stats_with_sequence_mean_weights():
     assert stats["clip_low"].item() == 3.0
 
 
+def test_gspo_token_with_per_token_advantages_hand_values_float64():
+    # GSPO-token (arXiv:2507.18071): s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: value s_i, gradient
+    # s_i * d logp_t; each token's term min(s_it A_it, clip(s_it) A_it) uses its own advantage.
+    # row 0: log-ratios [0.3, -0.1, 0.1], mean 0.1, s0 = e^0.1 = 1.1051709, A = [2, 2, -1]: no clip
+    # row 1: log-ratios [0.6, 0.6, (padding 5.0)], mean 0.6, s1 = e^0.6 = 1.8221188, A = [1, -0.5, 0]:
+    #        token 0 (A > 0): min(1.8221188, 1.2) = 1.2, clipped high, no gradient;
+    #        token 1 (A < 0): min(-0.9110594, -0.6) = -0.9110594, unclipped
+    # sequence_mean weights: row 0 1/(3*2) = 1/6 per token, row 1 1/(2*2) = 1/4 per token
+    # loss = -[(1/6) s0 (2 + 2 - 1) + (1/4)(1.2 - 0.5 s1)] = -[0.5525855 + 0.0722351] = -0.6248206
+    # d loss / d logp_t = -w_t s_i A_t (unclipped tokens), 0 where clipped or padding:
+    #   row 0: [-(1/6) 2 s0, -(1/6) 2 s0, (1/6) s0] = [-0.3683903, -0.3683903, 0.1841952]
+    #   row 1: [0, -(1/4)(-0.5) s1, 0] = [0, 0.2277649, 0]
+    # (the first column's advantage for the whole row, as before, would give row 0 A = 2 on all)
+    log_ratio = torch.tensor([[0.3, -0.1, 0.1], [0.6, 0.6, 5.0]], dtype=torch.float64)
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]], dtype=torch.float64,
+                        requires_grad=True)
+    old = logp.detach() - log_ratio
+    adv = torch.tensor([[2.0, 2.0, -1.0], [1.0, -0.5, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    w = torch.tensor([[1 / 6] * 3, [0.25, 0.25, 0.0]], dtype=torch.float64)
+    loss, stats = policy_loss(logp, old, None, adv, mask, w, loss_type="gspo", eps_low=0.2,
+                              eps_high=0.2)
+    s0, s1 = math.exp(0.1), math.exp(0.6)
+    assert loss.item() == pytest.approx(-(s0 * 3 / 6 + (1.2 - 0.5 * s1) / 4), rel=1e-14)
+    assert loss.item() == pytest.approx(-0.6248206, abs=1e-7)
+    loss.backward()
+    assert logp.grad.tolist() == [pytest.approx([-s0 / 3, -s0 / 3, s0 / 6], rel=1e-14, abs=0),
+                                  pytest.approx([0.0, s1 / 8, 0.0], rel=1e-14, abs=0)]
+    assert [round(g, 7) for g in logp.grad.flatten().tolist()] == \
+        [-0.3683903, -0.3683903, 0.1841952, 0.0, 0.2277649, 0.0]
+    assert stats["clip_high"].item() == 1.0 and stats["clip_low"].item() == 0.0
+
+
+def test_gspo_token_with_constant_per_token_advantages_is_gspo():
+    # A_it = A_i on every token, sequence_mean weights: the same value and gradient as GSPO
+    logp, old, adv, mask = gspo_example()
+    w = torch.tensor([[0.125, 0.125, 0.0], [0.125, 0.125, 0.0], [0.25, 0.0, 0.0], [1 / 12] * 3],
+                     dtype=torch.float64)
+    results = []
+    for a in (adv, adv.unsqueeze(-1).expand(-1, 3)):
+        x = logp.detach().clone().requires_grad_()
+        loss, stats = policy_loss(x, old, None, a, mask, w, loss_type="gspo", eps_low=0.2,
+                                  eps_high=0.2)
+        loss.backward()
+        results.append((loss.item(), x.grad, stats["clip_high"].item(), stats["clip_low"].item()))
+    (l1, g1, h1, lo1), (l2, g2, h2, lo2) = results
+    assert l2 == pytest.approx(l1, rel=1e-14) and (h1, lo1) == (h2, lo2)
+    torch.testing.assert_close(g2, g1, rtol=1e-14, atol=1e-17)
+
+
 # ---------------------------------------------------------------------------------------- CISPO
 
 # ratio e (A = 1.5), 1/e (A = -1.5), 1.1 (A = 2), e (A = -1); logp values so objective = w A logp
@@ -275,6 +325,27 @@ def test_is_weights_multiply_the_surrogate_not_the_kl():
     loss.backward()
     assert loss.item() == pytest.approx(-1.225, rel=1e-14)
     assert logp.grad.tolist() == [pytest.approx([-0.225, -1.05], rel=1e-14)]
+
+
+@pytest.mark.parametrize("keys, floor, cap", [
+    ({"algorithm": "cispo"}, None, 1.28),                  # the paper: clipped above only
+    ({"loss_type": "cispo"}, None, 1.2),                   # no preset: no lower bound either
+    ({"loss_type": "cispo", "epsilon_high": 0.0}, None, 1.2),  # "equal to epsilon" keeps 1.2
+    ({"loss_type": "cispo", "epsilon": 0.2}, 0.8, 1.2),    # a lower bound only when asked for
+    ({"algorithm": "cispo", "epsilon": 0.2}, 0.8, 1.28),
+])
+def test_cispo_weight_has_no_lower_bound_unless_epsilon_is_set(keys, floor, cap):
+    from grpo.config import build_config
+    c = build_config(keys).loss
+    # ratio 1/e with A = -1 and ratio e with A = +1: objective sg(w) A logp, so d objective / d logp
+    # = w A. No lower bound: w = 1/e = 0.3678794 -> -0.3678794 (with the floor 0.8: -0.8). Above,
+    # w = min(e, cap) -> cap. The weight is detached: the gradient is w A, not d(w A logp).
+    objective, grad, low, high = surrogate("cispo", [-1.0, 1.0], [-1.0, 1.0],
+                                           eps_low=c.epsilon, eps_high=c.epsilon_high or c.epsilon)
+    w = floor if floor is not None else math.exp(-1.0)
+    assert grad == [pytest.approx(-w, rel=1e-14), pytest.approx(cap, rel=1e-14)]
+    assert objective == [0.0, 0.0]        # logp = 0 in `surrogate`
+    assert low == [floor is not None, False] and high == [False, True]
 
 
 # ------------------------------------------------------------- gradient against a naive reference

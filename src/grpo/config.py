@@ -111,7 +111,8 @@ class AgentConfig:
     turn_rewards: bool = False
     """Advantages from the environment's per-turn rewards (DeepSeekMath 4.1.3 process supervision:
     each turn's normalized reward credited to the tokens before it), the reward functions' total
-    added to the last turn; false gives every token the episode's outcome advantage."""
+    added to the last turn (in a truncated episode, the cut turn: the environment gave it no reward
+    of its own); false gives every token the episode's outcome advantage."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,11 @@ class RewardConfig:
     """code_tests: programs run in parallel."""
     unsafe_code_execution: bool = False
     """code_tests: run programs even where the sandbox cannot isolate them (docs/sandbox.md)."""
+    unscorable: str = "any"
+    """When a row is unscorable (left out of its group, advantage 0, counted in reward/unscorable):
+    `any` when any reward function returns None for it; `all` only when every one does, and
+    otherwise its reward is the weighted sum over the functions that scored it (None counted as
+    missing, as TRL's nansum): for datasets that mix tasks, each function scoring its own rows."""
     reward_on_error: str = "raise"
     """When a reward function raises: `raise` stops naming it and the sample; `skip` marks the
     sample unscorable (left out of its group, counted in reward/unscorable)."""
@@ -179,7 +185,8 @@ class LossConfig:
     beta: float = 0.04
     """KL penalty coefficient toward the reference model; 0 loads no reference model at all."""
     epsilon: float = 0.2
-    """Lower clip range: rho is clipped below at 1 - epsilon."""
+    """Lower clip range: rho is clipped below at 1 - epsilon. With loss_type=cispo it is 1.0 unless
+    set explicitly: no lower bound on the IS weight, as in the CISPO paper."""
     epsilon_high: float = 0.0
     """Upper clip range: rho is clipped above at 1 + epsilon_high; 0 means equal to `epsilon`."""
     advantage_eps: float = 1e-4
@@ -187,19 +194,22 @@ class LossConfig:
     advantage: str = "group_norm"
     """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo."""
     loss_type: str = "clip"
-    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio), cispo (clipped IS weight)."""
+    """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio; GSPO-token with per-token
+    advantages), cispo (IS weight clipped above at 1 + epsilon_high, stop-gradient)."""
     aggregation: str = "sequence_mean"
     """Token weighting: sequence_mean (GRPO), token_mean (DAPO), constant (Dr. GRPO), sequence_sum."""
     clip_c: float = 3.0
     """dual_clip: for negative advantages the objective is at least clip_c * A (clip_c > 1)."""
     kl_estimator: str = "k3"
-    """KL(pi || pi_ref) estimator per token: k1, k2 or k3."""
+    """KL(pi || pi_ref) estimator per token: k1, k2 or k3. k1 only with kl_in_reward=true (or
+    beta=0): as a loss term its expected gradient is 0, so it is refused."""
     kl_in_reward: bool = False
     """Subtract beta * (sum of per-token KL) from each reward (PPO-RLHF) instead of a loss term."""
     mask_truncated: bool = False
     """DAPO overlong filtering: completions cut at max_new_tokens take no part in the loss."""
     overlong_buffer: float = 0.0
-    """DAPO soft overlong punishment: a linear penalty over the last fraction of max_new_tokens; 0 off."""
+    """DAPO soft overlong punishment: a linear penalty over the last fraction of max_new_tokens (in
+    multi-turn runs, of episode_tokens, counting every token after the prompt); 0 off."""
     overlong_penalty: float = 1.0
     """The penalty at max_new_tokens when overlong_buffer is on."""
     tis_cap: float = 0.0
@@ -421,6 +431,7 @@ def build_config(values: dict | None = None) -> TrainConfig:
         raise ConfigError(f"config key 'algorithm': unknown preset {algorithm!r}; "
                           f"choose one of {sorted(ALGORITHMS)}")
     merged = {**ALGORITHMS[algorithm], **values}
+    merged.update(implied_keys(merged, explicit=set(values)))
     per_section: dict[str, dict] = {}
     for key, value in merged.items():
         section, _, hint = KEYS[key]
@@ -429,6 +440,23 @@ def build_config(values: dict | None = None) -> TrainConfig:
                             for s in dataclasses.fields(TrainConfig)})
     validate(config)
     return config
+
+
+def implied_keys(merged: dict, explicit: set[str]) -> dict:
+    """Values that a choice implies for keys the user did not set (presets do not count as set).
+
+    loss_type=cispo: the CISPO paper (MiniMax-M1, arXiv:2506.13585) clips the IS weight above only,
+    so unless `epsilon` is set explicitly it becomes 1.0, a lower bound of 1 - 1 = 0 that no ratio
+    falls below: the weight is min(ratio, 1 + epsilon_high). An `epsilon_high` of 0 ("equal to
+    epsilon") is resolved first, so the upper bound stays where it was.
+    """
+    out = {}
+    if merged.get("loss_type") == "cispo" and "epsilon" not in explicit:
+        epsilon = merged.get("epsilon", LossConfig.epsilon)
+        if not merged.get("epsilon_high", LossConfig.epsilon_high):
+            out["epsilon_high"] = epsilon
+        out["epsilon"] = 1.0
+    return out
 
 
 def validate(config: TrainConfig) -> None:
@@ -487,6 +515,12 @@ def validate(config: TrainConfig) -> None:
     if not 0 <= c["overlong_buffer"] < 1:
         raise ConfigError(f"config key 'overlong_buffer' is a fraction of max_new_tokens in [0, 1), "
                           f"got {c['overlong_buffer']}")
+    if c["kl_estimator"] == "k1" and c["beta"] > 0 and not c["kl_in_reward"]:
+        # d k1 / d theta = grad log pi, whose expectation under pi is 0: the term does nothing
+        raise ConfigError("config key 'kl_estimator': k1 as a loss term (beta > 0 with "
+                          "kl_in_reward=false) has an expected gradient of exactly 0, so it would "
+                          "not regularize at all; set kl_in_reward=true to put k1 in the reward "
+                          "(PPO-RLHF, RLOO), or kl_estimator=k2 or kl_estimator=k3 for a loss term")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
     if c["sampler"] not in ("hf", "vllm"):
@@ -496,6 +530,10 @@ def validate(config: TrainConfig) -> None:
                           f"{c['vllm_gpu_memory_utilization']}")
     if c["parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"config key 'parallel' must be ddp or fsdp, got {c['parallel']!r}")
+    if c["unscorable"] not in ("any", "all"):
+        raise ConfigError(f"config key 'unscorable' must be any or all, got {c['unscorable']!r}: "
+                          "any (a row is unscorable when any reward function returns None for it) "
+                          "or all (only when every one does)")
     if c["reward_on_error"] not in ("raise", "skip"):
         raise ConfigError(f"config key 'reward_on_error' must be raise or skip, got {c['reward_on_error']!r}")
     if c["reward_weights"] and len(c["reward_weights"]) != len(c["rewards"]):

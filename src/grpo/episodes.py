@@ -59,6 +59,7 @@ class Episode:
     turn_start: int = 0
     turn_ends: list[int] = field(default_factory=list)  # index of each turn's last policy token
     turn_rewards: list = field(default_factory=list)    # the environment's reward per turn, or None
+                                                        # (one per entry of turn_ends)
     drawn: int = 0                                      # policy tokens drawn (index into uniforms)
     done: bool = False
     truncated: bool = False
@@ -162,6 +163,16 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
                        top_p if not greedy else 1.0)
 
 
+def cut_turn(ep: Episode) -> None:
+    """End the episode in the middle of a turn, at a token limit: the turn is the last one, and it
+    ends here. The environment never sees a cut turn, so its reward entry is None, like a turn
+    answered by a tool; with `turn_rewards` the episode's outcome is credited to it, as to any
+    final turn (train.turn_advantages). One reward entry per turn end, whatever ended the turn."""
+    ep.turn_ends.append(len(ep.ids) - 1)
+    ep.turn_rewards.append(None)
+    ep.done = ep.truncated = True
+
+
 def start_episode(row: dict, make_env, tools: dict[str, Tool], limits: EpisodeLimits) -> Episode:
     env = make_env() if make_env is not None else None
     row = dict(row)
@@ -235,9 +246,10 @@ def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list
             ep = episodes[i]
             ep.add(list(ids), by_policy=True, logprobs=list(logprobs))
             ep.drawn += len(ids)
-            ep.turn_ends.append(len(ep.ids) - 1)
             if cut and not (ids and ids[-1] in eos):
-                ep.done = ep.truncated = True       # cut mid-turn: the episode is truncated
+                cut_turn(ep)                        # cut mid-turn: the episode is truncated
+            else:
+                ep.turn_ends.append(len(ep.ids) - 1)
         answers = _answer_turns([episodes[i] for i in live], tokenizer, fmt, limits,
                                 last=turn + 1 == limits.max_turns)
         for i, answer in zip(live, answers):
@@ -309,16 +321,13 @@ def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat
             ep.add([token], by_policy=True, logprobs=[float(chosen_logp[r])])
             ep.drawn += 1
             turn = ep.ids[ep.turn_start:]
-            if bool(torch.isin(chosen[r:r + 1], eos)):
+            if bool(torch.isin(chosen[r:r + 1], eos)) or (token in enders and tokenizer.decode(
+                    turn[-stop_len:], skip_special_tokens=True).endswith(fmt.stop)):
                 ended[r] = True
-            elif token in enders and tokenizer.decode(
-                    turn[-stop_len:], skip_special_tokens=True).endswith(fmt.stop):
-                ended[r] = True
+                ep.turn_ends.append(len(ep.ids) - 1)
             elif len(ep.ids) >= limits.episode_tokens or len(turn) >= limits.turn_tokens:
                 ended[r] = True
-                ep.done = ep.truncated = True       # cut mid-turn: the episode is truncated
-            if ended[r]:
-                ep.turn_ends.append(len(ep.ids) - 1)
+                cut_turn(ep)                        # cut mid-turn: the episode is truncated
         valid = in_turn.clone()
         in_turn = in_turn & ~ended
         logits = lean.step(chosen, state, valid=valid)

@@ -4,7 +4,8 @@ The per-token objective of GRPO (DeepSeekMath, arXiv:2402.03300, eq. 3) is
     min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) - beta * KL,   rho = pi_theta / pi_old.
 It is built from three tables, one entry per published variant:
 
-- POLICY_LOSSES: the surrogate term (token clip, dual clip, GSPO's sequence ratio, CISPO).
+- POLICY_LOSSES: the surrogate term (token clip, dual clip, GSPO's sequence ratio, GSPO-token
+  where advantages are per token, CISPO).
 - KL_ESTIMATORS: k1, k2, k3 (Schulman, "Approximating KL divergence", 2020).
 - AGGREGATIONS: how token terms become one number; a function of the *whole optimizer step's*
   completion mask returning one weight per token. Weights are computed before the step is split into
@@ -46,21 +47,31 @@ def dual_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrog
 
 
 def gspo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
-    """GSPO (arXiv:2507.18071): one ratio per sequence, exp(mean_t(logp - old_logp)), clipped per
-    sequence; every token of the sequence carries that sequence's term."""
+    """GSPO (arXiv:2507.18071): one ratio per sequence, s_i = exp(mean_t(logp - old_logp)), clipped
+    per sequence; every token of the sequence carries that sequence's term.
+
+    With per-token advantages (adv [n, T], as turn_rewards gives) it is the paper's GSPO-token:
+    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)], whose value is s_i and whose gradient is
+    s_i * grad log pi(y_t), so token t's term min(s_i,t A_i,t, clip(s_i,t) A_i,t) is clipped by
+    the sign of its own advantage and its gradient carries that advantage. When A_i,t = A_i on
+    every token and the weights are constant along a row, both forms have the same value and
+    gradient."""
     m = mask.float()
     mean_log_ratio = ((logp - old_logp) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
     ratio = torch.exp(mean_log_ratio)                                  # [n, 1]
-    adv_seq = adv[:, :1] if adv.shape[-1] > 1 else adv                 # outcome advantage per row
-    objective = torch.min(ratio * adv_seq, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv_seq)
-    low = ((ratio < 1 - eps_low) & (adv_seq < 0)).expand_as(logp)
-    high = ((ratio > 1 + eps_high) & (adv_seq > 0)).expand_as(logp)
+    if adv.shape[-1] > 1:                                              # GSPO-token
+        ratio = ratio.detach() * torch.exp(logp - logp.detach())      # [n, T], each value s_i
+    objective = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+    low = ((ratio < 1 - eps_low) & (adv < 0)).expand_as(logp)
+    high = ((ratio > 1 + eps_high) & (adv > 0)).expand_as(logp)
     return Surrogate(objective.expand_as(logp), low, high)
 
 
 def cispo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
     """CISPO (MiniMax-M1, arXiv:2506.13585): sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * logp.
-    The clipped weight is detached, so every token keeps a gradient, however far its ratio went."""
+    The clipped weight is detached, so every token keeps a gradient, however far its ratio went.
+    The paper bounds the weight above only: eps_low = 1 (what the config resolves for cispo unless
+    `epsilon` is set) puts the lower bound at 0, below every ratio."""
     ratio = torch.exp(logp - old_logp)
     weight = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()
     return Surrogate(weight * adv * logp, ratio < 1 - eps_low, ratio > 1 + eps_high)
@@ -77,7 +88,9 @@ POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
 # Each estimates KL(pi_theta || pi_ref) per token from samples of pi_theta.
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """log(pi/pi_ref): unbiased, can be negative."""
+    """log(pi/pi_ref): unbiased, can be negative. As a loss term its gradient is grad log pi, whose
+    expectation under pi is 0, so it belongs in the reward (`kl_penalized_rewards`); the config
+    refuses it as a loss term."""
     return logp - ref_logp
 
 

@@ -315,16 +315,24 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
 def turn_advantages(rollout: Rollout, rewards: torch.Tensor, eps: float) -> torch.Tensor:
     """Process supervision over turns (advantages.process_supervision): each turn's reward from
     the environment (0 where it gave none), the reward functions' total added to the last turn.
-    The environment's episode reward is already inside `rewards`, so it is not counted twice."""
+    The environment's episode reward is already inside `rewards`, so it is not counted twice.
+
+    Every turn is a step with its own reward, the cut last turn of a truncated episode included:
+    the environment never saw that turn (reward 0), and as the final turn it carries the outcome
+    (the reward functions' total with any overlong penalty), so its tokens get an advantage of
+    their own instead of 0, and the outcome is not moved to the turn before it."""
     e = rollout.episodes
     per_turn, ends = [], []
     for i in range(len(rollout)):
-        turn = [0.0 if r is None else float(r) for r in e["turn_rewards"][i]] or [0.0]
+        turn_ends = e["turn_ends"][i]
+        given = e["turn_rewards"][i]
+        given = list(given) + [None] * (len(turn_ends) - len(given))   # a turn without an entry: 0
+        turn = [0.0 if r is None else float(r) for r in given] or [0.0]
         outcome = float(rewards[i]) if not math.isnan(float(rewards[i])) else 0.0
         env_total = e["env_reward"][i] or 0.0
         turn[-1] += outcome - env_total
         per_turn.append(turn)
-        ends.append(e["turn_ends"][i][:len(turn)] or [int(rollout.completion_mask[i].sum()) - 1])
+        ends.append(turn_ends[:len(turn)] or [int(rollout.completion_mask[i].sum()) - 1])
     return process_supervision(per_turn, ends, rollout.group_ids, rollout.completion_ids.shape[1], eps)
 
 
@@ -422,18 +430,22 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
 
 
 def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
-    """Weighted sum of the reward functions (plus DAPO's overlong penalty); None becomes NaN."""
+    """Weighted sum of the reward functions (plus DAPO's overlong penalty); an unscorable row
+    (`unscorable`: any or all of its functions returned None) becomes NaN."""
     totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,
                                            rollout.completions, rollout.columns,
-                                           on_error=c.reward.reward_on_error)
+                                           on_error=c.reward.reward_on_error,
+                                           unscorable=c.reward.unscorable)
     if rollout.episodes and data.agent is not None and data.agent.make_env is not None:
         # the environment's own episode reward is one more component (0 when it gave none)
         env = [0.0 if r is None else r for r in rollout.episodes["env_reward"]]
         rollout.rewards_per_fn["environment"] = env
         totals = [None if t is None else t + r for t, r in zip(totals, env)]
     if c.loss.overlong_buffer > 0:
+        # An episode's budget counts every token after the prompt, the environment's too, so its
+        # length does: an episode cut at episode_tokens gets the full penalty.
         budget = data.agent.limits.episode_tokens if data.agent else c.sampling.max_new_tokens
-        penalty = overlong_penalty(rollout.completion_mask.sum(-1).tolist(), budget,
+        penalty = overlong_penalty(rollout.real_mask.sum(-1).tolist(), budget,
                                    round(c.loss.overlong_buffer * budget), c.loss.overlong_penalty)
         rollout.rewards_per_fn["overlong"] = penalty
         totals = [None if t is None else t + p for t, p in zip(totals, penalty)]

@@ -107,13 +107,21 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     return values
 
 
-def score(fns: list[RewardFn], weights: list[float], prompts: list[str], completions: list[str],
-          columns: dict[str, list], on_error: str = "raise"
-          ) -> tuple[list[float | None], dict[str, list[float | None]]]:
-    """Weighted sum of every function's reward; None where any function could not score a row.
+UNSCORABLE = ("any", "all")   # a row is unscorable when any / when all of its functions return None
 
-    Returns the totals [N] and each function's own rewards by name.
+
+def score(fns: list[RewardFn], weights: list[float], prompts: list[str], completions: list[str],
+          columns: dict[str, list], on_error: str = "raise", unscorable: str = "any"
+          ) -> tuple[list[float | None], dict[str, list[float | None]]]:
+    """Weighted sum of every function's reward, per row.
+
+    `unscorable="any"`: a row is None when any function could not score it. `"all"`: None only
+    when no function could; otherwise the weighted sum over the functions that scored it, None
+    counting as missing (TRL's nansum), for a dataset that mixes tasks whose functions each score
+    their own rows. Returns the totals [N] and each function's own rewards by name.
     """
+    if unscorable not in UNSCORABLE:
+        raise ValueError(f"unscorable must be one of {UNSCORABLE}, got {unscorable!r}")
     n = len(completions)
     names = unique_names(fns)
     per_fn: dict[str, list[float | None]] = {}
@@ -134,12 +142,13 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
         per_fn[name] = [None if v is None else float(v) for v in values]
     totals: list[float | None] = []
     for i in range(n):
-        row = [per_fn[name][i] for name in names]
-        totals.append(None if any(v is None for v in row)
-                      else sum(w * v for w, v in zip(weights, row)))
+        row = [(w, per_fn[name][i]) for w, name in zip(weights, names)]
+        scored = [(w, v) for w, v in row if v is not None]
+        missing = len(scored) < len(row) if unscorable == "any" else not scored
+        totals.append(None if missing else sum(w * v for w, v in scored))
     return totals, per_fn
 
 
-__all__ = ["REWARDS", "RewardError", "get_reward", "score", "math_accuracy", "exact_answer",
-           "think_format", "countdown_equation", "code_tests", "CodeTests", "final_answer", "extract_answer",
-           "reward_name"]
+__all__ = ["REWARDS", "RewardError", "UNSCORABLE", "get_reward", "score", "math_accuracy",
+           "exact_answer", "think_format", "countdown_equation", "code_tests", "CodeTests",
+           "final_answer", "extract_answer", "reward_name"]

@@ -9,6 +9,9 @@ def overlong_penalty(lengths: list[int], max_new_tokens: int, buffer_tokens: int
 
     0 up to max_new_tokens - buffer_tokens; then falls linearly to -penalty at max_new_tokens:
     ((max_new_tokens - buffer_tokens) - length) / buffer_tokens * penalty.
+    `lengths` count what the budget `max_new_tokens` counts: a completion's tokens, or for a
+    multi-turn episode every token after the prompt (the environment's too) against its
+    `episode_tokens`.
     """
     if buffer_tokens <= 0:
         return [0.0] * len(lengths)
