@@ -585,6 +585,12 @@ CROSS_PROCESS_ATTACKS = {
         f"        os.write(f.f_locals['result_fd'], f.f_locals['nonce'] + {FORGED_LINE!r}.encode() + b'\\n')\n"
         "        os._exit(0)\n    f = f.f_back\ndef add(a, b):\n    return 0\n"), ADD_RIGHT),
     # against the two processes themselves
+    "a forged list of names that sets the tests' __name__": (
+        {"tests": "assert f(0) == 0\nif __name__ == '__main__':\n    assert f(1) == int('2')\n"}, "", (
+        "import sys\nh = sys.modules['__main__']\nreal = h._send_message\n"
+        "def forged(fd, payload):\n    if isinstance(payload, dict) and 'names' in payload:\n"
+        "        payload['names']['__name__'] = {'v': 'not main'}\n    real(fd, payload)\n"
+        "h._send_message = forged\ndef f(x):\n    return 0\n"), EQ_RIGHT),
     "killing the tests' process": (ADD, "", (
         "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 0\n"),
         ADD_RIGHT),
@@ -665,6 +671,18 @@ def test_a_result_line_of_the_wrong_shape_scores_zero_not_an_error():
     assert judge_tests(spec, {"done": True, "ran": {"0": [1, 0], "1": [1, 0]}}) == (0, 2)  # a literal
     assert judge_tests(spec, {"done": True, "ran": {"1": [1, 0]}, "lit": {"0": [2]}}) == (2, 2)
     assert result_payload("N" + "[" * 200_000 + "]" * 200_000 + "\n", "N") is None
+    # a forged or malformed value in the line is a 0, never an exception in the trainer
+    for bad in ({"fr": [1, 0]}, {"dec": "sNaN"}, {"d": [[[1], 2]]}, {"c": ["a", 1]}, {"x": 1}, {}):
+        assert judge_tests(spec, {"done": True, "ran": {"1": [1, 0]}, "lit": {"0": [bad]}}) == (0, 2)
+
+
+def test_a_failed_assert_nested_under_a_top_level_one_fails_the_run():
+    from grpo.rewards.code import judge_tests
+    # a literal assert records its value and goes on; in Python it would have stopped the tests
+    spec = spec_from_row({"tests": "assert f(0) == 0\nif True:\n    assert f(1) == 2\n"})
+    assert spec.required == (0,)
+    assert judge_tests(spec, {"done": True, "ran": {}, "lit": {"0": [0], "1": [2]}}) == (1, 1)
+    assert judge_tests(spec, {"done": True, "ran": {}, "lit": {"0": [0], "1": [0]}}) == (0, 1)
 
 
 # ---- Completions built to make the reward raise or stall ---------------------------------------

@@ -465,6 +465,9 @@ def judge_tests(spec: TestSpec, payload: dict | None) -> tuple[int, int]:
         return int(bool(passed)), 1
     if not done:
         return 0, total
+    required = set(spec.required)
+    if any(v is False for i, v in enumerate(every) if i not in required):
+        return 0, total          # a nested assert failed: in Python the tests would have stopped
     return sum(every[i] is True for i in spec.required), total
 
 

@@ -453,8 +453,9 @@ def run_tests(job, send, link_fds):
         return send({"flags": flags, **records})
     tests = {"__name__": "__main__", "__builtins__": builtins}
     for name, what in names["names"].items():
-        if not isinstance(name, str) or not isinstance(what, dict):
-            continue
+        if not isinstance(name, str) or not isinstance(what, dict) or name.startswith("__") \
+                or not name.isidentifier():
+            continue         # `__name__`, `__builtins__` and the recorders are the tests' own
         if name in vars(builtins) and name != entry:
             continue         # the program's own `abs` or `set` never stands in for the builtin
         if "module" in what:
