@@ -704,3 +704,21 @@ def test_a_completion_cannot_make_code_tests_raise_or_stall(reward, fmt, name):
     started = time.monotonic()
     assert score(reward, row, BUILT_TO_BREAK[name], prompt=row.get("prompt", "")) == 0.0
     assert time.monotonic() - started < DEADLINE + 1.5
+
+
+@needs_sandbox
+def test_each_zero_the_program_caused_is_counted_by_cause(reward):
+    from grpo.rewards import faults
+    faults.take()
+    row = rows("humaneval")[0]
+    hang = row["prompt"] + "    while True:\n        pass\n"
+    forged = CROSS_PROCESS_ATTACKS["a reply the program's server forges (a malformed Fraction)"]
+    assert score(reward, row, fenced(hang)) == 0.0
+    killer = row["prompt"] + "    import os\n    os.kill(os.getppid(), 9)\n"    # no result line
+    assert score(reward, row, fenced(killer)) == 0.0
+    assert score(reward, forged[0], fenced(forged[2]), prompt="") == 0.0      # a malformed value
+    assert score(reward, row, fenced(humaneval_solution(row))) == 1.0
+    assert faults.take() == {"reward/code_tests/zero/no_result": 1,
+                             "reward/code_tests/zero/rejected": 1,
+                             "reward/code_tests/zero/timeout": 1}
+    assert faults.take() == {}
