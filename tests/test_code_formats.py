@@ -591,6 +591,16 @@ CROSS_PROCESS_ATTACKS = {
         "def forged(fd, payload):\n    if isinstance(payload, dict) and 'names' in payload:\n"
         "        payload['names']['__name__'] = {'v': 'not main'}\n    real(fd, payload)\n"
         "h._send_message = forged\ndef f(x):\n    return 0\n"), EQ_RIGHT),
+    "a class named like a module the row does not import": (
+        {"test_list": ["assert math.isclose(area(1), 3.141592653589793, rel_tol=1e-9)"]}, "", (
+        "class math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef area(r):\n    return 0\n"),
+        "import math\ndef area(r):\n    return math.pi * r * r\n"),
+    "StopIteration raised to end the tests' all(map(...)) early": (
+        {"entry_point": "is_prime", "test": "def check(candidate):\n"
+         "    assert all(map(candidate, [2, 3, 5, 7, 11]))\n"
+         "    assert not any(map(candidate, [1, 4, 6, 8, 9]))\n"}, "",
+        "def is_prime(n):\n    raise StopIteration\n",
+        "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n"),
     "killing the tests' process": (ADD, "", (
         "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 0\n"),
         ADD_RIGHT),
@@ -629,6 +639,64 @@ def test_the_tests_are_out_of_the_programs_reach(reward, name):
     assert score(reward, row, fenced(wrong), prompt=prompt) == 0.0
     assert time.monotonic() - started < DEADLINE + 1.5
     assert score(reward, row, fenced(right), prompt=prompt) == 1.0
+
+
+CYCLIC_CODE = ("def encode_cyclic(s: str):\n    \"\"\"Each group of three characters rotated left.\"\"\"\n"
+               "    groups = [s[3 * i:min(3 * i + 3, len(s))] for i in range((len(s) + 2) // 3)]\n"
+               "    return ''.join(g[1:] + g[0] if len(g) == 3 else g for g in groups)\n\n\n"
+               "def decode_cyclic(s: str):\n    \"\"\"The inverse of encode_cyclic.\"\"\"\n")
+CYCLIC_ROW = {"entry_point": "decode_cyclic", "test": (
+    "def check(candidate):\n    for s in ['abcdefg', 'hello world', 'xy']:\n"
+    "        assert candidate(encode_cyclic(s)) == s\n")}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("form", ["raw", "fenced chat", "unfenced chat", "chat with text after"])
+def test_a_prompts_helpers_are_the_prompts_whatever_its_form(reward, form):
+    prompt = {"raw": CYCLIC_CODE,
+              "fenced chat": f"Complete the following code.\n```python\n{CYCLIC_CODE}```\n",
+              "unfenced chat": "Complete the following Python code.\n\n" + CYCLIC_CODE,
+              "chat with text after": "Complete this:\n\n" + CYCLIC_CODE + "\nAnswer in one block.\n",
+              }[form]
+    hack = "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n"
+    right = CYCLIC_CODE + ("    groups = [s[3 * i:min(3 * i + 3, len(s))] for i in range((len(s) + 2) // 3)]\n"
+                           "    return ''.join(g[-1] + g[:-1] if len(g) == 3 else g for g in groups)\n")
+    assert score(reward, CYCLIC_ROW, fenced(hack), prompt=prompt) == 0.0
+    assert score(reward, CYCLIC_ROW, fenced(right), prompt=prompt) == 1.0
+
+
+@needs_sandbox
+def test_integers_of_any_size_cross_both_ways(reward):
+    row = {"test_list": ["assert f(2000) == math.factorial(2000)", "assert f(5) == 120",
+                         "assert g(10 ** 5000) == 10 ** 5000 + 1"], "test_imports": ["import math"]}
+    right = "import math\ndef f(n):\n    return math.factorial(n)\ndef g(x):\n    return x + 1\n"
+    assert score(reward, row, right, prompt="") == 1.0
+    assert score(reward, row, right.replace("x + 1", "x"), prompt="") == 0.0
+    calls = {"input_output": json.dumps({"inputs": [[3000]], "outputs": [[str(3 ** 3000)]],
+                                         "fn_name": "p"})}
+    assert score(reward, calls, "def p(n):\n    return str(3 ** n)\n", prompt="") == 1.0
+
+
+def test_two_trainer_processes_never_share_a_sandbox_user(tmp_path):
+    # two ranks on one machine: a slow right program in one must not be killed by the other's
+    # clean-up, which kills every process of its sandbox user id
+    if isolation_level() != "full":
+        pytest.skip("needs root for namespaces and a user id of its own")
+    import subprocess
+    import sys
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import sys, time\nfrom grpo.rewards import CodeTests\nfrom grpo.rewards.sandbox import Limits\n"
+        "row = {'entry_point': 'add', 'test': 'def check(candidate):\\n    assert candidate(1, 2) == 3\\n'}\n"
+        "slow = 'import time\\ndef add(a, b):\\n    time.sleep(1.2)\\n    return a + b\\n'\n"
+        "fast = 'def add(a, b):\\n    return a + b\\n'\n"
+        "r = CodeTests(limits=Limits(timeout_s=3.0), workers=1)\n"
+        "if sys.argv[1] == 'fast':\n    time.sleep(0.4)\n"
+        "code = slow if sys.argv[1] == 'slow' else fast\n"
+        "print(r([''], [code], **{k: [v] for k, v in row.items()})[0])\n")
+    ranks = [subprocess.Popen([sys.executable, str(script), which], stdout=subprocess.PIPE,
+                              text=True) for which in ("slow", "fast")]
+    assert [p.communicate(timeout=60)[0].strip() for p in ranks] == ["1.0", "1.0"]
 
 
 @needs_sandbox

@@ -22,13 +22,18 @@ rest runs under checks for tampering that score 0 when they fire.
 from __future__ import annotations
 
 import ast
+import base64
+import io
 import json
+import pickle
 import re
 import secrets
 import sys
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 
 from grpo.rewards import faults
 from grpo.rewards.harness import decode
@@ -109,12 +114,33 @@ def _text(value) -> str:
 
 
 def _load_json(value, where: str):
+    if isinstance(value, str) and value[:1] not in ("[", "{", ""):
+        value = _uncompressed(value)
     if isinstance(value, str):
         try:
             return json.loads(value)
         except json.JSONDecodeError as e:
             raise CodeTestsError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
     return value
+
+
+class _TextOnly(pickle.Unpickler):
+    """Unpickles text and plain containers only: a pickle that names any class or function (the
+    way a pickle runs code) is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refused: the pickle names {module}.{name}")
+
+
+def _uncompressed(value: str):
+    """LiveCodeBench's "lite" release stores `private_test_cases` as base64(zlib(pickle(json
+    text))); anything else is returned as it was (and then read as JSON)."""
+    try:
+        data = zlib.decompress(base64.b64decode(value, validate=True))
+        text = _TextOnly(io.BytesIO(data)).load()
+    except (ValueError, zlib.error, pickle.UnpicklingError, EOFError, TypeError):
+        return value
+    return text if isinstance(text, (str, list, dict)) else value
 
 
 def _fn_name_from_metadata(metadata, where: str) -> str | None:
@@ -515,18 +541,37 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
+@lru_cache(maxsize=4096)
 def prompt_code(prompt: str) -> str:
     """The Python in a prompt, for HumanEval's signature and helpers: the whole prompt when it
-    parses as a program with a definition or an import, else its last fenced block that does."""
+    parses as a program with a definition or an import, else its last fenced block that does,
+    else (a chat prompt with the code unfenced: "Complete the following code.\n\ndef ...") the
+    longest run of lines from a line that starts a definition or an import that does. The tests
+    define these helpers themselves, so a program's own `encode_cyclic` never stands in for the
+    prompt's."""
     for candidate in [prompt] + extract_all_blocks(prompt)[::-1]:
-        try:
-            tree = ast.parse(candidate)
-        except (SyntaxError, ValueError):
-            continue
-        if any(isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom, ast.ClassDef))
-               for n in tree.body):
+        if _defines_something(candidate):
             return candidate
+    lines = prompt.split("\n")
+    starts = [i for i, line in enumerate(lines) if _CODE_START.match(line)][:20]
+    for start in starts:
+        for end in range(len(lines), max(start, len(lines) - 50), -1):
+            candidate = "\n".join(lines[start:end])
+            if _defines_something(candidate):
+                return candidate
     return ""
+
+
+_CODE_START = re.compile(r"(def|class|import|from|async def|@)[ \t(]")
+
+
+def _defines_something(source: str) -> bool:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Import, ast.ImportFrom,
+                              ast.ClassDef)) for n in tree.body)
 
 
 def extract_all_blocks(text: str) -> list[str]:

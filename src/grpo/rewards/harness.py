@@ -57,12 +57,14 @@ def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple
     """A plain value as JSON-able data, tagged so a tuple, a set and a dict survive the trip:
     lists stay lists; {"t": [..]} tuple (and a namedtuple), {"s": [..]} set, {"d": [[k, v], ..]}
     dict (and Counter, defaultdict), {"o": [[k, v], ..]} OrderedDict (in order), {"q": [..]}
-    deque, {"c": [re, im]} complex, {"b": hex} bytes, {"f": "inf"|"-inf"|"nan"} non-finite
-    float, {"fr": [p, q]} Fraction, {"dec": text} Decimal. Any other type (a subclass of int with
+    deque, {"c": [re, im]} complex, {"b": hex} bytes, {"x": hex} an int past 13,000 bits,
+    {"f": "inf"|"-inf"|"nan"} non-finite float, {"fr": [p, q]} Fraction, {"dec": text} Decimal. Any other type (a subclass of int with
     its own `__eq__`, an instance of the program's own class) raises NotPlain."""
     if depth > 100:
         raise NotPlain("nested more than 100 deep")
     t = _type(value)
+    if t is int and value.bit_length() > 13_000:      # past ~3,900 digits: hex, linear both ways
+        return {"x": format(value, "x")}
     if t is bool or t is int or t is str or value is None:
         return value
     if t is float:
@@ -133,6 +135,10 @@ def _decode_tagged(tag, body, handles):
         return complex(re_, im)
     if tag == "b":
         return bytes.fromhex(body)
+    if tag == "x":
+        if type(body) is not str or len(body) > 1 << 24:
+            raise TypeError(tag)
+        return int(body, 16)
     if tag == "f":
         if body not in ("inf", "-inf", "nan"):
             raise TypeError(tag)
@@ -307,8 +313,10 @@ class Link:
             self.flags.append(why)
         raise ProgramGone(why)
 
-    def value(self, reply):
-        """A reply as what the tests see: a fresh plain value, a handle, or the exception."""
+    def value(self, reply, iterating=False):
+        """A reply as what the tests see: a fresh plain value, a handle, or the exception. The end
+        of an iteration counts only as the answer to `next`; a StopIteration the program raises
+        anywhere else would end the tests' own loops (`all(map(candidate, xs))`) early."""
         if "v" in reply:
             try:
                 return decode(reply["v"])
@@ -316,11 +324,12 @@ class Link:
                 self.gone("the program returned a malformed value")
         if type(reply.get("h")) is int:
             return Remote(self, reply["h"])
-        if "stop" in reply:
+        if "stop" in reply and iterating:
             raise StopIteration
         name = reply.get("raised")
         kind = getattr(builtins, name, None) if isinstance(name, str) else None
-        if isinstance(kind, type) and issubclass(kind, Exception):
+        if isinstance(kind, type) and issubclass(kind, Exception) \
+                and not issubclass(kind, (StopIteration, StopAsyncIteration)):
             raise kind(f"raised by the program")
         raise ProgramError(f"the program raised {name!r}")
 
@@ -400,7 +409,7 @@ class RemoteIterator:
 
     def __next__(self):
         link = self.remote._link
-        return link.value(link.ask(op="next", ref=self.remote._ref))
+        return link.value(link.ask(op="next", ref=self.remote._ref), iterating=True)
 
 
 def start_program_process():
@@ -458,14 +467,16 @@ def run_tests(job, send, link_fds):
             continue         # `__name__`, `__builtins__` and the recorders are the tests' own
         if name in vars(builtins) and name != entry:
             continue         # the program's own `abs` or `set` never stands in for the builtin
-        if "module" in what:
-            module = what["module"]
-            if isinstance(module, str) and module == name and module in sys.stdlib_module_names \
-                    and module not in ("antigravity", "this"):
+        if name in sys.stdlib_module_names:
+            # a module's name is only ever the real module, imported here: never the program's
+            # class or value of that name (a `class math` answering `isclose`)
+            if "module" in what and what["module"] == name and name not in ("antigravity", "this"):
                 try:
-                    tests[name] = __import__(module)     # the real module, imported here
+                    tests[name] = __import__(name)
                 except BaseException:  # noqa: BLE001
                     pass
+            continue
+        if "module" in what:
             continue
         try:
             tests[name] = link.value(what)

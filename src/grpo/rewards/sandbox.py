@@ -200,7 +200,10 @@ def run_program(job: dict, limits: Limits = Limits(), isolate: bool = True,
                 deadline_s: float | None = None, read_cap: int | None = None) -> RunResult:
     """Run harness.py on `job` in the sandbox, killed at `deadline_s` (default limits.timeout_s);
     return its stdout, capped at `read_cap` bytes (default limits.output_kb)."""
-    uid = _UID_BASE + next(_UIDS) % 100_000 if isolate else None
+    # a user id no other run uses: this process's id picks a block of 256 (so two trainer
+    # processes on one machine never share one, and never kill each other's programs), the
+    # counter a slot in it (more than `code_workers` programs are never in flight at once)
+    uid = _UID_BASE + (os.getpid() % (1 << 22)) * 256 + next(_UIDS) % 256 if isolate else None
     settings = {"isolate": isolate, "uid": uid, "python": _python_for(isolate),
                 "harness": HARNESS, "cpu_s": int(limits.timeout_s) + 1,
                 "memory_bytes": limits.memory_mb << 20, "file_bytes": limits.file_mb << 20,
