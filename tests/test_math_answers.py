@@ -214,6 +214,24 @@ def test_an_answer_within_bounds_that_spends_the_cpu_budget_scores_zero(fresh_ve
     assert faults.take() == {"reward/math_accuracy/zero/verifier_overran": 1}
 
 
+def raises_on_x(gold, predicted):
+    """A stand-in verifier (module level, for its worker) that raises on the answer `x`."""
+    if predicted == "x":
+        raise ValueError("cannot read x")
+    return True
+
+
+def test_a_verifier_that_raises_on_an_answer_scores_it_zero(monkeypatch):
+    pool = DeadlinePool(raises_on_x, workers=1, deadline_s=5)
+    monkeypatch.setattr(answers, "_POOL", pool)
+    faults.take()
+    try:
+        assert math_accuracy(["q"] * 2, ["\\boxed{x}", "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+        assert faults.take() == {"reward/math_accuracy/zero/verifier_raised": 1}
+    finally:
+        pool.close()
+
+
 BOMBS = [
     ("\\boxed{9^{9^{9^{9}}}}", "answer_too_large"),          # overran the deadline: was None
     ("\\boxed{x^{9^{9^{9}}}}", "answer_too_large"),          # a tower over a symbol
