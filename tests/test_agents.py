@@ -15,6 +15,8 @@ from grpo.models import build_tiny, load_policy, load_tokenizer, token_logprobs
 from grpo.tools import (Call, ToolError, calculator, make_tool, parse_hermes, parse_plain,
                         resolve_tools, run_call)
 
+from bad_tools import boom, sleepy, tower
+
 
 # ---- Tools: schemas from signatures and docstrings ---------------------------------------------
 
@@ -93,17 +95,6 @@ def test_plain_and_hermes_calls_are_parsed():
     assert malformed[0].error and "malformed tool call" in malformed[0].error
 
 
-def boom(x: int) -> int:
-    """Raise."""
-    raise RuntimeError("it broke")
-
-
-def sleepy(seconds: float) -> str:
-    """Sleep."""
-    time.sleep(seconds)
-    return "woke"
-
-
 def test_every_failure_becomes_what_the_model_reads():
     tools = resolve_tools(["calculator", boom, sleepy])
     raised = run_call(Call("boom", {"x": 1}), tools, 1.0)
@@ -112,12 +103,78 @@ def test_every_failure_becomes_what_the_model_reads():
     assert unknown.kind == "unknown" and "the tools are ['boom', 'calculator', 'sleepy']" in unknown.text
     bad_args = run_call(Call("calculator", {"expr": "1"}), tools, 1.0)
     assert bad_args.failed and "TypeError" in bad_args.text
+    assert run_call(Call("sleepy", {"seconds": 0}), tools, 1.0).text == "woke"   # its worker is up
     started = time.monotonic()
     hung = run_call(Call("sleepy", {"seconds": 30}), tools, 0.3)
     assert hung.kind == "timeout" and time.monotonic() - started < 2
     assert run_call(Call("calculator", {"expression": "(2 + 3) ** 2 - 7 // 2"}), tools, 1.0).text == "22"
     refused = run_call(Call("calculator", {"expression": "__import__('os').getpid()"}), tools, 1.0)
     assert refused.failed and "not arithmetic" in refused.text
+
+
+def test_each_tool_keeps_its_deadline_by_killing_a_process_where_it_can():
+    from grpo.environments import public_methods
+    tools = resolve_tools(["calculator", "python", boom])
+    assert {name: t.runs for name, t in tools.items()} == \
+        {"calculator": "process", "python": "itself", "boom": "process"}
+    closure = make_tool(lambda_like_closure())
+    method = make_tool(public_methods(Counter())["add"], "add")
+    assert (closure.runs, method.runs) == ("thread", "thread")   # they share the trainer's state
+
+
+def lambda_like_closure():
+    def count_words(text: str) -> int:
+        """Count words."""
+        return len(text.split())
+    return count_words
+
+
+class Counter:
+    def __init__(self):
+        self.total = 0
+
+    def add(self, n: int) -> int:
+        """Add to the episode's total."""
+        self.total += n
+        return self.total
+
+
+def test_a_tool_computing_in_c_past_its_deadline_is_killed_and_its_worker_replaced():
+    # In a thread, 9 ** 9 ** 9 held the interpreter's lock: the deadline could not even return.
+    tools = resolve_tools([tower])
+    assert run_call(Call("tower", {"height": 2}), tools, 5.0).text == str(9 ** 9)
+    started = time.monotonic()
+    stuck = run_call(Call("tower", {"height": 3}), tools, 0.5)
+    assert stuck.kind == "timeout" and time.monotonic() - started < 5
+    assert run_call(Call("tower", {"height": 1}), tools, 5.0).text == "9"   # a fresh worker
+
+
+@pytest.mark.parametrize("expression", ["(((9**99)**99)**99)**99", "9**9**9", "2**(10**400)",
+                                        "(10**600)*(10**600)", "1" + "*9" * 2000])
+def test_the_calculator_refuses_a_result_too_large_before_computing_it(expression):
+    started = time.monotonic()
+    refused = run_call(Call("calculator", {"expression": expression}), TOOLS, 1.0)
+    assert refused.failed and refused.kind == "error" and time.monotonic() - started < 10
+    assert "the calculator refuses to compute it" in refused.text or "at most 1,000" in refused.text
+    with pytest.raises(ValueError, match="more than 1,000 digits"):
+        calculator("(((9**99)**99)**99)**99")
+    assert calculator("2 ** 3000") == str(2 ** 3000)        # 904 digits: computed
+
+
+def test_the_python_tools_cap_cuts_the_output_and_keeps_the_result():
+    # The cap used to cut the result line itself: "the program could not be run" past ~9 KB.
+    from grpo.tools import python_tool
+    python = python_tool(isolate=False)       # a program that only prints; isolation is tested below
+    assert python("print('x' * 20000)") == "x" * 8192 + "\n[output cut at 8 KiB]"
+    assert python("print('\\x01' * 9000, end='')") == "\x01" * 8192 + "\n[output cut at 8 KiB]"
+    assert python("print('é' * 100)") == "é" * 100 + "\n"
+    tools = {"python": make_tool(python, "python")}
+    started = time.monotonic()
+    hung = run_call(Call("python", {"code": "while True: pass"}), tools, 1.0)
+    assert hung.text == "error: the program did not finish within 1 s"
+    assert time.monotonic() - started < 10
+    long = run_call(Call("python", {"code": "print('y' * 5000)"}), tools, 5.0)
+    assert long.text == "y" * 2000 + "\n[cut at 2,000 characters]"
 
 
 def test_the_python_tool_runs_in_the_sandbox():

@@ -1,12 +1,12 @@
-"""Math answers that can be trusted: formats, reward-hacking attempts, deadlines, bad golds."""
+"""Math answers that can be trusted: formats, reward-hacking attempts, verifier bombs, deadlines,
+bad golds."""
 
 import json
 import time
 
 import pytest
 
-from grpo.rewards import math_accuracy
-from grpo.rewards import answers
+from grpo.rewards import answers, bounds, faults, math_accuracy
 from grpo.rewards.workers import DeadlinePool
 
 
@@ -143,21 +143,157 @@ def test_a_function_a_worker_cannot_import_is_refused_at_once():
         DeadlinePool(lambda x: x)
 
 
-def test_a_verification_past_its_deadline_is_unscorable(monkeypatch):
-    # The real verifier with a deadline no call can meet: the sample is None, never 0 or 1.
-    monkeypatch.setattr(answers, "_POOL", None)
-    monkeypatch.setattr(answers, "MATH_DEADLINE_S", 1e-6)
+def spins_in_c():
+    return 9 ** 9 ** 9           # hundreds of millions of digits: seconds in C, no bytecode
+
+
+def test_a_call_that_spends_its_cpu_budget_ends_even_inside_c_and_is_told_apart():
+    pool = DeadlinePool(spins_in_c, workers=1, deadline_s=30, cpu_s=0.3)
     try:
-        assert math_accuracy(["q"] * 2, ["\\boxed{42}", "41"], answer=["42", "42"]) == [None, None]
+        start = time.monotonic()
+        assert pool.run([((), {})]) == [("cpu", None)]
+        assert time.monotonic() - start < 10           # the CPU timer, not the 30 s deadline
+        assert (pool.cpu_overruns, pool.timeouts, pool.deaths) == (1, 0, 0)
     finally:
+        pool.close()
+    pool = DeadlinePool(sleeps, workers=1, deadline_s=0.3, cpu_s=0.3)
+    try:                                               # no CPU spent: the wall clock ends it
+        assert pool.run([((5.0,), {}), ((0.01,), {})]) == [("timeout", None), ("ok", 0.01)]
+        assert pool.run([(("x",), {})])[0][0] == "error"
+        assert (pool.cpu_overruns, pool.timeouts, pool.errors) == (0, 1, 1)
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def fresh_verifier(monkeypatch):
+    """A verifier pool of its own, so its settings can be changed; the fault counts start at 0."""
+    monkeypatch.setattr(answers, "_POOL", None)
+    faults.take()
+    yield monkeypatch
+    if answers._POOL is not None:
         answers._POOL.close()
 
 
-def test_a_huge_expression_ends_within_the_deadline():
+COSTLY = "\\boxed{" + "{" * 8 + "42" + "}" * 8 + "}"   # within the bounds; ~0.4 s of math-verify's CPU
+
+
+def test_a_verifier_starved_past_its_deadline_leaves_the_sample_unscorable(fresh_verifier):
+    # A stopped worker spends no CPU, as one on a machine too loaded to run it: the machine's
+    # doing, not the completion's. None, and no fault of the completion counted.
+    import signal
+    import threading
+    fresh_verifier.setattr(answers, "MATH_DEADLINE_S", 1.0)
+    pool = answers.verifier_pool()
+    assert math_accuracy(["q"] * 2, ["\\boxed{42}", "\\boxed{41}"], answer=["42"] * 2) == [1.0, 0.0]
+
+    def stop_the_busy_one():
+        until = time.monotonic() + 10
+        while time.monotonic() < until:
+            for w in pool._workers:
+                if w.job is not None:
+                    w.process.send_signal(signal.SIGSTOP)
+                    return
+            time.sleep(0.0005)
+    stopper = threading.Thread(target=stop_the_busy_one)
+    stopper.start()
     start = time.monotonic()
-    result = one("\\boxed{9^{9^{9^{9^{9}}}}}", "1")
-    assert result in (0.0, None)
-    assert time.monotonic() - start < answers.MATH_DEADLINE_S + 5
+    assert math_accuracy(["q"], [COSTLY], answer=["42"]) == [None]
+    stopper.join()
+    assert time.monotonic() - start < 10
+    assert pool.timeouts == 1 and faults.take() == {}
+
+
+def test_an_answer_within_bounds_that_spends_the_cpu_budget_scores_zero(fresh_verifier):
+    # With a budget of 0.05 s the costly answer is ended by its own CPU timer: its cost, so 0,
+    # counted. The same row with the right answer still gets 1.
+    fresh_verifier.setattr(answers, "MATH_CPU_S", 0.05)
+    start = time.monotonic()
+    assert math_accuracy(["q"] * 2, [COSTLY, "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+    assert time.monotonic() - start < 10 * answers.MATH_DEADLINE_S
+    assert faults.take() == {"reward/math_accuracy/zero/verifier_overran": 1}
+
+
+def raises_on_x(gold, predicted):
+    """A stand-in verifier (module level, for its worker) that raises on the answer `x`."""
+    if predicted == "x":
+        raise ValueError("cannot read x")
+    return True
+
+
+def test_a_verifier_that_raises_on_an_answer_scores_it_zero(monkeypatch):
+    pool = DeadlinePool(raises_on_x, workers=1, deadline_s=5)
+    monkeypatch.setattr(answers, "_POOL", pool)
+    faults.take()
+    try:
+        assert math_accuracy(["q"] * 2, ["\\boxed{x}", "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+        assert faults.take() == {"reward/math_accuracy/zero/verifier_raised": 1}
+    finally:
+        pool.close()
+
+
+BOMBS = [
+    ("\\boxed{9^{9^{9^{9}}}}", "answer_too_large"),          # overran the deadline: was None
+    ("\\boxed{x^{9^{9^{9}}}}", "answer_too_large"),          # a tower over a symbol
+    ("\\boxed{9**9**9}", "answer_too_large"),
+    ("\\boxed{(10^{9})!}", "answer_too_large"),
+    ("\\boxed{0.5^{10^{9}}}", "answer_too_large"),
+    ("\\boxed{" + "{" * 300 + "42" + "}" * 300 + "}", "answer_too_deep"),   # was None
+    ("\\boxed{" + "(" * 20 + "42" + ")" * 20 + "}", "answer_too_deep"),
+    ("\\boxed{" + "+".join(["42"] * 400) + "}", "answer_too_long"),
+    ("The answer is " + "4" * 5000, "answer_too_long"),
+    ("\\boxed{" * 3500, "no_answer"),                        # 24k characters: took seconds
+    ("\n" * 32000, "no_answer"),                              # 32k newlines: took seconds
+    ("\\boxed{42} or \\boxed{\\boxed{42}}", "several_answers"),
+]
+
+
+@pytest.mark.parametrize("completion, cause", BOMBS)
+def test_a_bomb_scores_zero_in_bounded_time_with_its_cause_counted(completion, cause):
+    faults.take()
+    start = time.monotonic()
+    assert math_accuracy(["q"] * 2, [completion, "so \\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+    assert time.monotonic() - start < 10 * answers.MATH_DEADLINE_S
+    assert faults.take() == {f"reward/math_accuracy/zero/{cause}": 1}
+
+
+@pytest.mark.parametrize("completion, gold", [
+    ("\\boxed{2^{2017}}", "2^{2017}"), ("\\boxed{1000!}", "1000!"), ("\\boxed{e^{x^{2}}}", "e^{x^2}"),
+    ("\\boxed{\\frac{\\sqrt{\\left(\\frac{1}{4}\\right)}}{2}}", "\\frac14"),
+])
+def test_answers_within_the_bounds_are_verified(completion, gold):
+    # Powers and factorials of a few thousand digits, symbolic towers, four brackets deep.
+    assert bounds.answer_fault(answers.extract_answer(completion)) is None
+    assert one(completion, gold) == 1.0
+
+
+SHAPES = {
+    "boxed flood": lambda n: "\\boxed{" * (n // 7),
+    "newlines": lambda n: "\n" * n,
+    "nested braces": lambda n: "\\boxed{" + "{" * n,
+    "digits": lambda n: "7" * n,
+    "answer tags": lambda n: "<answer>" * (n // 8),
+    "hashes then spaces": lambda n: "#" * (n // 2) + " \n" * (n // 4),
+    "closing phrases": lambda n: "the answer is   \n A:" * (n // 20),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_reading_the_answer_of_a_megabyte_completion_is_linear(shape):
+    # Quadratic extraction took seconds at 24k characters; at a megabyte it would take hours.
+    completion = SHAPES[shape](1_000_000)
+    start = time.monotonic()
+    score = math_accuracy(["q"], [completion], answer=["42"])
+    assert time.monotonic() - start < 5 and score == [0.0]
+
+
+def test_boxes_tags_and_hashes_are_read_as_before():
+    assert answers.boxed_answers("a \\boxed{1} b \\boxed{\\frac{1}{2}} \\boxed{ {x} }") == \
+        ["1", "\\frac{1}{2}", "{x}"]
+    assert answers.boxed_answers("\\boxed{\\boxed{3}}") == ["\\boxed{3}", "3"]
+    assert answers.boxed_answers("}} \\boxed{2} \\boxed{unclosed") == ["2"]
+    assert answers.last_tagged("<answer>1</answer><answer>2</answer><answer>3") == "2"
+    assert answers.extract_answer("work\n#### \n 42\nmore") == "42"
 
 
 def test_a_gold_that_cannot_be_parsed_stops_the_load_naming_the_row(tmp_path):

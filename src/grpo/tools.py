@@ -9,9 +9,23 @@ start, naming it. Calls are found in what the model wrote by a parser:
 - `plain` (the tiny models and the demo): `<call>NAME ARGUMENTS</call>`, ARGUMENTS a JSON object, or
   the text itself for a tool of one parameter; results go back as `<result>...</result>`.
 
-Tools are user code: every call runs with a deadline in a worker thread; an exception, a bad call or
-an overrun becomes the text the model sees as the result, and is counted. Built-ins: `calculator`
-(arithmetic, no names, no calls) and `python` (a program in the code sandbox, its output capped).
+Tools are user code: every call runs with a deadline; an exception, a bad call or an overrun
+becomes the text the model sees as the result, and is counted. The deadline is kept by killing a
+process, as `Tool.runs` says:
+
+- `process`: a function at the top level of an importable module (the built-in calculator, a
+  `module:function`) runs in a worker process of its own (rewards/workers.py), killed and replaced
+  at the deadline. A thread could not be stopped, and one that computes in C (`9**99**99`) holds
+  the interpreter's lock: the trainer itself would stall;
+- `itself`: a tool that runs its work in a process it kills at the deadline it is given (the
+  built-in `python`, whose program runs in the code sandbox);
+- `thread`: what a fresh process cannot import by name, as it shares state with the trainer (an
+  environment's method, bound to its episode; a closure; a function of the script being run):
+  a thread, which the episode leaves behind at the deadline, as it does an environment's `step`.
+  Keep such tools short, or make them module-level functions.
+
+Built-ins: `calculator` (arithmetic, no names, no calls, results of bounded size) and `python` (a
+program in the code sandbox, its output capped).
 """
 
 from __future__ import annotations
@@ -19,8 +33,11 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import atexit
+import math
 import operator
 import re
+import sys
 import threading
 import typing
 from dataclasses import dataclass, field
@@ -36,6 +53,7 @@ class Tool:
     name: str
     fn: Callable
     schema: dict                        # {"type": "function", "function": {name, description, parameters}}
+    runs: str = "thread"                # how a call keeps its deadline: process | itself | thread
 
     @property
     def parameters(self) -> list[str]:
@@ -103,7 +121,21 @@ def make_tool(fn: Callable, name: str | None = None) -> Tool:
     schema = {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": required}}}
-    return Tool(name, fn, schema)
+    return Tool(name, fn, schema, how_it_runs(fn))
+
+
+def how_it_runs(fn: Callable) -> str:
+    """`itself` for a tool with a `call_with_deadline(deadline_s, **arguments)`; `process` for a
+    function a fresh interpreter finds by its module and name; else `thread` (module docstring)."""
+    if callable(getattr(fn, "call_with_deadline", None)):
+        return "itself"
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not inspect.isfunction(fn) or module in (None, "__main__") or "<" in qualname:
+        return "thread"
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return "process" if found is fn else "thread"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,24 +258,75 @@ def run_call(call: Call, tools: dict[str, Tool], deadline_s: float, max_chars: i
     if tool is None:
         return Outcome(f"error: unknown tool '{call.name}'; the tools are {sorted(tools)}", True,
                        "unknown")
+    try:
+        inspect.signature(tool.fn).bind(**call.arguments)
+    except TypeError as e:
+        return Outcome(f"error: TypeError: {e}"[:max_chars], True, "error")
+    kind, value = _RUNNERS[tool.runs](tool, call.arguments, deadline_s)
+    if kind == "timeout":
+        return Outcome(f"error: {call.name} did not answer within {deadline_s:g} s", True, "timeout")
+    if kind != "ok":
+        return Outcome(f"error: {value}"[:max_chars], True, "error")
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n[cut at {max_chars:,} characters]"
+    return Outcome(text, False)
+
+
+_POOLS: dict[str, tuple[Any, threading.Lock]] = {}    # tool target -> its worker, one at a time
+_POOLS_LOCK = threading.Lock()
+
+
+def _close_pools() -> None:
+    for pool, _ in _POOLS.values():
+        pool.close()
+
+
+def _in_process(tool: Tool, arguments: dict, deadline_s: float) -> tuple[str, Any]:
+    from grpo.rewards.workers import DeadlinePool
+    target = f"{tool.fn.__module__}:{tool.fn.__qualname__}"
+    with _POOLS_LOCK:
+        if target not in _POOLS:
+            if not _POOLS:
+                atexit.register(_close_pools)
+            _POOLS[target] = (DeadlinePool(tool.fn, workers=1, deadline_s=deadline_s),
+                              threading.Lock())
+        pool, lock = _POOLS[target]
+    with lock:
+        try:
+            kind, value = pool.run([((), arguments)], deadline_s=deadline_s)[0]
+        except RuntimeError as e:             # its worker cannot import it
+            return "error", f"{tool.name} could not be started ({e})"
+    if kind in ("cpu", "died"):
+        return "error", f"{tool.name} stopped without an answer (its process died)"
+    return kind, value
+
+
+def _by_itself(tool: Tool, arguments: dict, deadline_s: float) -> tuple[str, Any]:
+    try:
+        return "ok", tool.fn.call_with_deadline(deadline_s, **arguments)
+    except Exception as e:  # noqa: BLE001 - a tool may raise anything
+        return "error", f"{type(e).__name__}: {e}"
+
+
+def _in_thread(tool: Tool, arguments: dict, deadline_s: float) -> tuple[str, Any]:
     box: dict[str, Any] = {}
 
     def target():
         try:
-            box["value"] = tool.fn(**call.arguments)
+            box["value"] = tool.fn(**arguments)
         except BaseException as e:  # noqa: BLE001 - user code may raise anything
             box["error"] = f"{type(e).__name__}: {e}"
 
-    worker = threading.Thread(target=target, daemon=True, name=f"tool-{call.name}")
+    worker = threading.Thread(target=target, daemon=True, name=f"tool-{tool.name}")
     worker.start()
     worker.join(deadline_s)
     if worker.is_alive():     # it keeps its (daemon) thread; the episode moves on without it
-        return Outcome(f"error: {call.name} did not answer within {deadline_s:g} s", True, "timeout")
-    if "error" in box:
-        return Outcome(f"error: {box['error']}"[:max_chars], True, "error")
-    value = box.get("value")
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return Outcome(text[:max_chars], False)
+        return "timeout", None
+    return ("error", box["error"]) if "error" in box else ("ok", box.get("value"))
+
+
+_RUNNERS = {"process": _in_process, "itself": _by_itself, "thread": _in_thread}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,23 +337,48 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
+MAX_EXPRESSION_CHARS = 1000
+MAX_RESULT_DIGITS = 1000
+
+
+def _result_bits(op: type, left, right) -> float:
+    """An upper bound on the bits of `left op right` for integers (0 for the other operations and
+    types, whose cost does not grow with their values: a float overflows instead)."""
+    if type(left) is not int or type(right) is not int:
+        return 0.0
+    if op is ast.Pow and right > 0 and abs(left) > 1:
+        return math.inf if right.bit_length() > 64 else right * math.log2(abs(left)) + 1
+    if op is ast.Mult:
+        return left.bit_length() + right.bit_length()
+    return 0.0
+
+
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * / // % ** and parentheses.
 
     Args:
         expression: the expression, such as 3847 * 29 or (2 + 3) ** 2
     """
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"the expression has {len(expression):,} characters; the calculator "
+                         f"takes at most {MAX_EXPRESSION_CHARS:,}")
+    max_bits = MAX_RESULT_DIGITS * math.log2(10)
+
     def value(node):
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 100:
-                raise ValueError("exponent too large")
+            bits = _result_bits(type(node.op), left, right)
+            if bits > max_bits:      # refused before it is computed: a big power holds the CPU
+                about = f" (about {bits / math.log2(10):,.0f})" if math.isfinite(bits) else ""
+                raise ValueError(f"the result of {ast.unparse(node)[:60]} would have more than "
+                                 f"{MAX_RESULT_DIGITS:,} digits{about}; the calculator refuses "
+                                 "to compute it")
             return _OPS[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.operand))
-        raise ValueError(f"not arithmetic: {ast.unparse(node)}")
+        raise ValueError(f"not arithmetic: {ast.unparse(node)[:60]}")
     result = value(ast.parse(expression.strip(), mode="eval").body)
     if isinstance(result, float) and result.is_integer() and abs(result) < 2 ** 53:
         result = int(result)
@@ -279,10 +387,34 @@ def calculator(expression: str) -> str:
 
 def python_tool(limits=None, isolate: bool | None = None) -> Callable:
     """The `python` tool: run a program in the code sandbox (rewards/sandbox.py), with the same
-    isolation and limits; what it prints comes back, capped."""
+    isolation and limits; what it prints comes back, cut at `limits.output_kb`. It keeps its own
+    deadline: the sandbox kills the program's process tree (Tool.runs = "itself")."""
     from grpo.rewards.sandbox import Limits, isolation_level, run_program
     limits = limits or Limits(timeout_s=5.0, output_kb=8)
     isolated = isolation_level() == "full" if isolate is None else isolate
+    cap = limits.output_kb << 10
+
+    def run(code: str, deadline_s: float) -> str:
+        timeout_s = min(limits.timeout_s, deadline_s)
+        job = {"nonce": "\x00", "mode": "stdio", "code": code, "inputs": [""],
+               "timeout_s": timeout_s, "output_cap": cap, "isolated": isolated}
+        # The program's output is cut at `cap` bytes inside the sandbox; what comes back is the
+        # result line that holds it, JSON-escaped (up to 6 bytes a byte: \u0000, \ufffd), so the
+        # read cap leaves room for that and never cuts the line itself.
+        out = run_program(job, limits=limits, isolate=isolated, deadline_s=timeout_s + 2,
+                          read_cap=6 * cap + 4096)
+        if out.timed_out:
+            return f"error: the program did not finish within {timeout_s:g} s"
+        lines = [line for line in out.stdout.split("\n") if line.startswith("\x00")]
+        try:
+            result = json.loads(lines[-1][1:])["results"][0]
+        except (IndexError, KeyError, ValueError):
+            return "error: the program could not be run"
+        if result.get("error") == "timeout":
+            return f"error: the program did not finish within {timeout_s:g} s"
+        if "out" not in result:
+            return f"error: {result.get('error', 'failed')}"
+        return result["out"] + (f"\n[output cut at {limits.output_kb} KiB]" if result.get("cut") else "")
 
     def python(code: str) -> str:
         """Run a Python program and return what it prints (standard library only, no network).
@@ -290,18 +422,9 @@ def python_tool(limits=None, isolate: bool | None = None) -> Callable:
         Args:
             code: the program
         """
-        job = {"nonce": "\x00", "mode": "stdio", "code": code, "inputs": [""],
-               "timeout_s": limits.timeout_s, "output_cap": limits.output_kb << 10,
-               "isolated": isolated}
-        out = run_program(job, limits=limits, isolate=isolated, deadline_s=limits.timeout_s + 2)
-        if out.timed_out:
-            return f"error: the program did not finish within {limits.timeout_s:g} s"
-        lines = [line for line in out.stdout.split("\n") if line.startswith("\x00")]
-        try:
-            result = json.loads(lines[-1][1:])["results"][0]
-        except (IndexError, KeyError, ValueError):
-            return "error: the program could not be run"
-        return result.get("out", f"error: {result.get('error', 'failed')}")
+        return run(code, limits.timeout_s)
+
+    python.call_with_deadline = lambda deadline_s, code: run(code, deadline_s)
     return python
 
 

@@ -2,62 +2,142 @@
 
 Answers are compared with the `math-verify` library, so `\\frac{1}{2}`, `0.5` and `1/2` agree. Golds
 may be bare values, `\\boxed{..}` or GSM8K solutions ending in `#### n`.
+
+A completion is an adversary: whatever it holds, `math_accuracy` returns a number for it in bounded
+time, and scores 0 (counted in faults.py, `reward/math_accuracy/zero/<cause>`) when the completion
+is at fault:
+
+    completion --extract (one pass, linear)--> answer --bounds.py--> worker: parse, verify
+                      no_answer, several_answers    answer_too_*     verifier_overran, verifier_raised
+
+Reading the answer is linear in the completion's length (no regular expression that backtracks
+over it, no scan per `\\boxed{`). An answer past the bounds of bounds.py never reaches a worker. In
+the worker each call has a CPU budget (MATH_CPU_S) under its wall-clock deadline (MATH_DEADLINE_S):
+a call that spends its CPU budget is the answer's doing (CPU seconds do not depend on what else
+the machine runs) and scores 0 (`verifier_overran`); a call that reaches the wall-clock deadline
+first was starved (a loaded or stopped machine), and a worker that dies otherwise was killed from
+outside or ran out of memory: neither is the completion's doing, so the sample is unscorable
+(None), as when its gold holds nothing to compare with.
 """
 
 from __future__ import annotations
 
 import re
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_GSM8K = re.compile(r"####\s*([^\n]+)")
+from grpo.rewards import faults
+from grpo.rewards.bounds import answer_fault
+
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
+_BOXED_OR_BRACE = re.compile(r"\\boxed\{|[{}]")
+# `^[ \t]*A:`, not `^\s*A:`: `\s*` runs across lines, so on a flood of newlines every line start
+# scanned all the rest (quadratic). `the\s+` is linear: the runs after different "the"s are apart.
+_CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|^[ \t]*A:", re.IGNORECASE | re.MULTILINE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+_SPACE = re.compile(r"\s*")
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _PROSE = re.compile(r"[a-zA-Z]{2,}")
-_CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|^\s*A:", re.IGNORECASE | re.MULTILINE)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[a-zA-Z*]+\}")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)"
                            r"\s*\{([^{}]*)\}")
 _WORD = re.compile(r"[a-z]{2,}")
 
 
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the contents of every \\boxed{...} whose braces balance, ordered by start;
+    one pass over the text. A box closes at the first `}` that brings the brace depth back to
+    where it was before its `{`, so boxes inside boxes are found too."""
+    first = text.find("\\boxed{")
+    if first < 0:
+        return []
+    spans, open_boxes, depth = [], [], 0       # open_boxes: (depth before its brace, content start)
+    for m in _BOXED_OR_BRACE.finditer(text, first):
+        token = m.group()
+        if token == "}":
+            depth -= 1
+            if open_boxes and open_boxes[-1][0] == depth:
+                spans.append((open_boxes.pop()[1], m.start()))
+        else:
+            if token != "{":
+                open_boxes.append((depth, m.end()))
+            depth += 1
+    return sorted(spans)
+
+
 def boxed_answers(text: str) -> list[str]:
-    """Contents of every \\boxed{...}, braces balanced, in order."""
-    out, start = [], text.find("\\boxed{")
-    while start >= 0:
-        i, depth = start + len("\\boxed{"), 1
-        for j in range(i, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                out.append(text[i:j].strip())
-                break
-        start = text.find("\\boxed{", start + 1)
-    return out
+    """Contents of every \\boxed{...}, braces balanced, in order (boxes inside boxes overlap, so
+    the total can be longer than the text: the reward itself uses `boxed_spans`)."""
+    return [text[start:end].strip() for start, end in boxed_spans(text)]
 
 
-def _marked_answer(text: str) -> str | None:
+def several_boxed(text: str, spans: list[tuple[int, int]]) -> bool:
+    """Whether two boxes hold different answers. Linear: boxes with equal contents cannot nest
+    (the outer one is longer), so those compared before the first difference do not overlap."""
+    first = None
+    for start, end in spans:
+        content = text[start:end].strip()
+        if first is None:
+            first = content
+        elif content != first:
+            return True
+    return False
+
+
+def last_tagged(text: str) -> str | None:
+    """The contents of the last <answer>..</answer>, pairs taken left to right as a lazy regular
+    expression would, in one pass (`<answer>(.*?)</answer>` tries every `<answer>` it finds
+    against the rest of the text: quadratic on a flood of them)."""
+    found, at = None, 0
+    while True:
+        start = text.find(_ANSWER_OPEN, at)
+        if start < 0:
+            return found
+        end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+        if end < 0:
+            return found
+        found, at = text[start + len(_ANSWER_OPEN):end], end + len(_ANSWER_CLOSE)
+
+
+def _gsm8k_answer(text: str) -> str | None:
+    """What follows the first `####` (past any spaces and newlines) to the end of its line."""
+    start = text.find("####")
+    if start < 0:
+        return None
+    first = _SPACE.match(text, start + 4).end()
+    if first == len(text):
+        return None
+    end = text.find("\n", first)
+    return text[first:end if end >= 0 else len(text)].strip()
+
+
+def _marked_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str | None:
     """The answer a writer marked: last \\boxed{}, else last <answer>..</answer>, else `#### n`."""
-    boxed = boxed_answers(text)
-    if boxed:
-        return boxed[-1]
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return tags[-1].strip()
-    gsm = _GSM8K.search(text)
-    return gsm.group(1).strip() if gsm else None
+    spans = boxed_spans(text) if spans is None else spans
+    if spans:
+        start, end = spans[-1]
+        return text[start:end].strip()
+    tagged = last_tagged(text)
+    if tagged is not None:
+        return tagged.strip()
+    return _gsm8k_answer(text)
 
 
-def extract_answer(text: str) -> str | None:
+def extract_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str | None:
     """A completion's final answer: the marked one, else a closing "the answer is ..." or "A: ...",
-    else the last number in the text."""
-    marked = _marked_answer(text)
+    else the last number in the text. Linear in the length of `text`."""
+    marked = _marked_answer(text, spans)
     if marked is not None:
         return marked
-    closing = list(_CLOSING.finditer(text))
-    if closing:
-        rest = text[closing[-1].end():].split("\n", 1)[0]
+    last = None
+    for last in _CLOSING.finditer(text):
+        pass
+    if last is not None:
+        end = text.find("\n", last.end())
+        rest = text[last.end():end if end >= 0 else len(text)]
         return rest.strip().lstrip(":").strip().rstrip(".").strip() or None
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
+    last = None
+    for last in _NUMBER.finditer(text):
+        pass
+    return last.group().replace(",", "") if last is not None else None
 
 
 def extract_gold(text: str) -> str | None:
@@ -92,18 +172,28 @@ def is_text_answer(answer: str) -> bool:
             and not re.search(r"[\d\\^_{}=+*/<>]", s))
 
 
-def _parse(text: str) -> list:
+def _parse(text: str, timeout_s: int | None = 5) -> list:
     from math_verify import parse  # imported here: it takes most of a second to load
 
-    return parse(f"${text}$") or parse(text)
+    return parse(f"${text}$", parsing_timeout=timeout_s) or parse(text, parsing_timeout=timeout_s)
 
 
 def verify_against(gold_parsed: list, predicted: str) -> bool:
-    """Parse a completion's answer and compare it with a parsed gold (runs in a worker process)."""
+    """Parse a completion's answer and compare it with a parsed gold (runs in a worker process).
+    math-verify's own alarms are off here: the worker's CPU budget and deadline keep time, and an
+    alarm would turn an overrun into a silent False."""
     from math_verify import verify
 
-    pred_parsed = _parse(predicted)
-    return bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed))
+    pred_parsed = _parse(predicted, timeout_s=None)
+    return bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _warm_up() -> None:
+    """Load math-verify and its parsers in a fresh worker, before its calls' budgets start."""
+    verify_against(_parse("1", timeout_s=None), "1")
+
+
+verify_against.warm_up = _warm_up  # type: ignore[attr-defined]
 
 
 _GOLD_CACHE: dict[str, list] = {}   # gold text -> parsed gold: each gold is parsed once
@@ -134,20 +224,28 @@ def verifier_pool():
         import atexit
 
         from grpo.rewards.workers import DeadlinePool
-        _POOL = DeadlinePool(verify_against, workers=MATH_WORKERS, deadline_s=MATH_DEADLINE_S)
+        _POOL = DeadlinePool(verify_against, workers=MATH_WORKERS, deadline_s=MATH_DEADLINE_S,
+                             cpu_s=MATH_CPU_S)
         atexit.register(_POOL.close)
     return _POOL
 
 
 MATH_WORKERS = 2
-MATH_DEADLINE_S = 5.0
+MATH_DEADLINE_S = 5.0   # wall clock per call: past it, the call was starved (None)
+MATH_CPU_S = 2.0        # CPU per call: spent, the answer is too costly (0). A bounded answer
+                        # takes 5-400 ms; the gap to the deadline lets a machine 2.5x loaded pass
+
+_POOL_CAUSES = {"cpu": "verifier_overran", "error": "verifier_raised"}
 
 
 def math_accuracy(prompts: list[str], completions: list[str], answer: list, **columns) -> list:
     """1.0 when the completion's final answer equals `answer` (via math-verify), else 0.0.
 
-    None when the gold holds no value to compare with, or when verifying overran its deadline
-    (the worker is killed and replaced). Several different \\boxed{} answers score 0.
+    0.0 with a cause counted (module docstring) when the completion has no answer, several
+    different \\boxed{} answers, an answer past the bounds of bounds.py, or one that costs the
+    verifier its CPU budget or makes it raise. None when the gold holds no value to compare with,
+    or when the verifier was starved past its deadline or its worker was killed (not the
+    completion's doing; the worker is replaced).
     """
     out: list[float | None] = [None] * len(completions)
     jobs, where = [], []
@@ -155,17 +253,26 @@ def math_accuracy(prompts: list[str], completions: list[str], answer: list, **co
         gold = parsed_gold(gold_text)
         if not gold:
             continue
-        predicted = extract_answer(completion)
-        if predicted is None or len(set(boxed_answers(completion))) > 1:
+        spans = boxed_spans(completion)
+        predicted = extract_answer(completion, spans)
+        cause = ("no_answer" if predicted is None else
+                 "several_answers" if several_boxed(completion, spans) else
+                 answer_fault(predicted))
+        if cause is not None:
             out[i] = 0.0
+            faults.count("math_accuracy", cause)
             continue
         if isinstance(gold[0], TextAnswer):
             out[i] = float(normalize_text(predicted) == gold[0])
             continue
-        jobs.append((gold, predicted))
+        jobs.append(((gold, predicted), {}))
         where.append(i)
-    for i, ok in zip(where, verifier_pool().map(jobs) if jobs else []):
-        out[i] = None if ok is None else float(ok)
+    for i, (kind, value) in zip(where, verifier_pool().run(jobs) if jobs else []):
+        if kind == "ok":
+            out[i] = float(bool(value))
+        elif kind in _POOL_CAUSES:
+            out[i] = 0.0
+            faults.count("math_accuracy", _POOL_CAUSES[kind])
     return out
 
 
@@ -174,8 +281,8 @@ def exact_answer(prompts: list[str], completions: list[str], answer: list, **col
     is exactly the string `answer`; a strict, fast check for tasks with canonical answers."""
     out = []
     for completion, gold in zip(completions, answer):
-        tags = _ANSWER_TAG.findall(completion)
-        given = tags[-1] if tags else completion
+        tagged = last_tagged(completion)
+        given = tagged if tagged is not None else completion
         out.append(1.0 if given.strip() == str(gold).strip() else 0.0)
     return out
 

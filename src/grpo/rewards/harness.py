@@ -627,9 +627,11 @@ def run_stdio(job, send):
                 os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
+        cut = False
         try:
             with open(out_path, "rb") as f:
                 out = f.read(job["output_cap"]).decode("utf-8", "replace")
+                cut = os.fstat(f.fileno()).st_size > job["output_cap"]
         except OSError:
             out = ""
         for path in (in_path, out_path):
@@ -640,7 +642,7 @@ def run_stdio(job, send):
         if status is None:
             results.append({"error": "timeout"})
         elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-            results.append({"out": out})
+            results.append({"out": out, **({"cut": True} if cut else {})})
         else:
             results.append({"error": f"exit status {status}"})
         if "error" in results[-1] and not job.get("all_cases"):

@@ -6,9 +6,21 @@ an `if __name__ == "__main__":` guard, or a program read from standard input, wo
 share none of the trainer's state. Inputs and results travel as length-prefixed pickles on the
 worker's stdin and stdout.
 
-A call that overruns its deadline, or whose worker dies for any reason (killed from outside, out of
-memory, a crash in a C extension), gets the result `None` (unscorable, never a guess): the worker
-is killed if need be and replaced, and the event is counted.
+Each call ends one of five ways (`run` says which; `map` keeps only the values, `None` for the rest):
+
+- `ok`: it returned a value;
+- `error`: it raised (the message comes back);
+- `cpu`: it used up its CPU budget (`cpu_s`): the worker arms a CPU-time timer (ITIMER_PROF) before
+  each call, whose signal ends it, even inside C code that never returns to the interpreter. CPU
+  time is what the input costs, whatever else the machine runs: on an idle machine and on a loaded
+  one, the same input spends the same CPU seconds, so an overrun of the budget is the input's doing;
+- `timeout`: the wall-clock deadline passed first. With a CPU budget under the deadline, that
+  means the call did not get the CPU it was allowed (a loaded or stopped machine): not the input's
+  doing;
+- `died`: the worker died under the call for another reason (killed from outside, out of memory,
+  a crash in a C extension).
+
+A worker that overran or died is killed if need be and replaced, and the event is counted.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -94,43 +107,58 @@ class _Worker:
                 pass
 
 
-class DeadlinePool:
-    """`map(inputs)` -> one result per input, `None` where the call overran, raised or its worker
-    died. `fn` must be a module-level function of an importable module."""
+OK, ERROR, CPU, TIMEOUT, DIED = "ok", "error", "cpu", "timeout", "died"
 
-    def __init__(self, fn: Callable, workers: int = 2, deadline_s: float = 5.0):
-        self.target, self.deadline_s = _name_of(fn), deadline_s
+
+class DeadlinePool:
+    """`run(jobs)` -> one (kind, value) per job (see the module docstring); `map(inputs)` -> one
+    value per input, `None` where the call did not return one. `fn` must be a module-level
+    function of an importable module. `cpu_s`: each call's CPU budget (None: none)."""
+
+    def __init__(self, fn: Callable, workers: int = 2, deadline_s: float = 5.0,
+                 cpu_s: float | None = None):
+        self.target, self.deadline_s, self.cpu_s = _name_of(fn), deadline_s, cpu_s
         self._workers = [_Worker(self.target) for _ in range(workers)]
         self.timeouts = 0   # calls killed at the deadline, over the pool's life
         self.errors = 0     # calls that raised
         self.deaths = 0     # calls whose worker died under them
+        self.cpu_overruns = 0   # calls that used up their CPU budget
 
     def _replace(self, w: _Worker) -> None:
         w.kill()
         self._workers[self._workers.index(w)] = _Worker(self.target)
 
-    def _send(self, w: _Worker, index: int, args: tuple) -> bool:
+    def _send(self, w: _Worker, index: int, job: tuple) -> bool:
         if not w.wait_ready(STARTUP_S):
             return False
+        args, kwargs = job
         try:
-            _write_message(w.process.stdin, (index, args))
+            _write_message(w.process.stdin, (index, args, kwargs, self.cpu_s))
         except (BrokenPipeError, OSError, ValueError):
             return False
         w.job, w.started = index, time.monotonic()
         return True
 
     def map(self, inputs: list[tuple]) -> list[Any]:
-        results: list[Any] = [None] * len(inputs)
-        pending = list(range(len(inputs)))[::-1]
+        """`fn(*args)` for each args in `inputs`: its value, or None (raised, overran, died)."""
+        return [value if kind == OK else None for kind, value in self.run([(a, {}) for a in inputs])]
+
+    def run(self, jobs: list[tuple[tuple, dict]], deadline_s: float | None = None
+            ) -> list[tuple[str, Any]]:
+        """`fn(*args, **kwargs)` for each (args, kwargs): (kind, value) with kind ok (value the
+        result), error (value the message), cpu, timeout or died (value None)."""
+        deadline_s = self.deadline_s if deadline_s is None else deadline_s
+        results: list[tuple[str, Any]] = [(DIED, None)] * len(jobs)
+        pending = list(range(len(jobs)))[::-1]
         busy: dict[int, _Worker] = {}
         while pending or busy:
             for slot, w in enumerate(self._workers):
                 if w.job is None and pending:
                     index = pending.pop()
-                    if not self._send(w, index, inputs[index]):   # it died while idle: a fresh one
+                    if not self._send(w, index, jobs[index]):   # it died while idle: a fresh one
                         self._replace(w)
                         w = self._workers[slot]
-                        if not self._send(w, index, inputs[index]):
+                        if not self._send(w, index, jobs[index]):
                             if not w.ready:
                                 raise RuntimeError(
                                     f"a worker for {self.target} did not start twice in a row: "
@@ -141,27 +169,34 @@ class DeadlinePool:
                     busy[w.fileno()] = w
             if not busy:
                 continue
-            next_deadline = min(w.started + self.deadline_s for w in busy.values())
+            next_deadline = min(w.started + deadline_s for w in busy.values())
             for ready in wait(list(busy.values()), timeout=max(0.0, next_deadline - time.monotonic())):
                 w = busy.pop(ready.fileno())
                 try:
                     message = _read_message(w.process.stdout)
                 except (OSError, pickle.UnpicklingError, EOFError):
                     message = None
-                if message is None:            # the worker died mid-call: None, counted, replaced
-                    self.deaths += 1
+                if message is None:            # the worker died mid-call: why, counted, replaced
+                    index = w.job
+                    w.kill()
+                    if w.process.returncode == -signal.SIGPROF:   # its own CPU timer ended it
+                        self.cpu_overruns += 1
+                        results[index] = (CPU, None)
+                    else:
+                        self.deaths += 1
                     w.job = None
                     self._replace(w)
                     continue
                 index, value, error = message
-                results[index] = value
+                results[index] = (OK, value) if error is None else (ERROR, error)
                 self.errors += error is not None
                 w.job = None
             now = time.monotonic()
             for key, w in list(busy.items()):
-                if now - w.started >= self.deadline_s:  # overran: kill, replace; result stays None
+                if now - w.started >= deadline_s:  # overran: kill, replace
                     del busy[key]
                     self.timeouts += 1
+                    results[w.job] = (TIMEOUT, None)
                     w.job = None
                     self._replace(w)
         return results
@@ -178,24 +213,44 @@ class DeadlinePool:
                 w.kill()
 
 
-def _serve(target: str) -> None:
-    """The worker's loop: read (index, args), answer (index, value, error) until stdin closes."""
+def resolve(target: str) -> Any:
+    """The object that `module:qualname` names."""
     module_name, _, qualname = target.partition(":")
     fn: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         fn = getattr(fn, part)
+    return fn
+
+
+def _serve(target: str) -> None:
+    """The worker's loop: read (index, args, kwargs, cpu_s), answer (index, value, error) until
+    stdin closes. A function's `warm_up` attribute, if any, runs before the worker says it is
+    ready (lazy imports, caches): a call's budget is spent on the call alone."""
+    fn = resolve(target)
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)   # the CPU timer's signal ends the process
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr      # anything the function prints stays off the message channel
+    if callable(getattr(fn, "warm_up", None)):
+        fn.warm_up()
     _write_message(stdout, _READY)
     while True:
         job = _read_message(stdin)
         if job is None:
             return
-        index, args = job
+        index, args, kwargs, cpu_s = job
+        if cpu_s:
+            signal.setitimer(signal.ITIMER_PROF, cpu_s)
         try:
-            _write_message(stdout, (index, fn(*args), None))
-        except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
-            _write_message(stdout, (index, None, f"{type(e).__name__}: {e}"))
+            reply = (index, fn(*args, **kwargs), None)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - reported to the parent, which decides
+            reply = (index, None, f"{type(e).__name__}: {e}")
+        finally:
+            if cpu_s:
+                signal.setitimer(signal.ITIMER_PROF, 0)
+        try:
+            _write_message(stdout, reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # a value that cannot travel
+            _write_message(stdout, (index, None, f"its value cannot be sent back ({e})"))
 
 
 if __name__ == "__main__":

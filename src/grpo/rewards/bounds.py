@@ -1,0 +1,148 @@
+"""What a completion's answer may be before it goes to the math verifier.
+
+math-verify parses LaTeX with sympy, which evaluates what it parses: `9^{9^{9^{9}}}` asks for a
+number of some 10^(10^8) digits, and twenty nested braces take its parser seconds (the time grows
+about 2x per two levels). Such an answer is the completion's doing, so it scores 0 with its cause,
+here in the trainer's process and in time linear in its length, before any worker sees it:
+
+- `answer_too_long`: more than MAX_ANSWER_CHARS characters;
+- `answer_too_deep`: brackets (`{} () []`, escaped or not) nested more than MAX_ANSWER_DEPTH deep;
+- `answer_too_large`: a power or a factorial of numbers whose value would have more than
+  MAX_NUMBER_DIGITS digits, estimated from the numbers written (below).
+
+An answer within these bounds still has a CPU budget in the worker (answers.py), which catches
+what the estimate cannot see (`\\binom`, sums, products).
+
+The estimate reads the answer as atoms (a number, a bracketed group, anything else) each followed
+by powers (`^` or `**`, right-associative, whose exponent is the next atom with its own powers) and
+factorials (`!`). It works with log10 of an upper bound on each atom's magnitude: a number's own;
+a group's, the sum of its atoms' (as if they were all multiplied, which bounds sums and quotients
+too); a letter or command's, 0 (symbolic: sympy keeps `x^{1000}` as it is). `B^E` has about
+|E| * log10|B| digits, `n!` log10(n!) (Stirling). Its exponent's own powers are checked first, so a
+tower is refused whatever its base (`x^{9^{9^{9}}}` too).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+MAX_ANSWER_CHARS = 1000     # competition answers are tens of characters; a matrix a few hundred
+MAX_ANSWER_DEPTH = 8        # brackets in brackets; `\frac{\sqrt{\left(\frac{1}{2}\right)}}{2}` is 4
+MAX_NUMBER_DIGITS = 4000    # Python prints no integer past 4,300 digits; 2^{2017} has 608
+
+_OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
+_TOKEN = re.compile(r"\d+(?:\.\d*)?|\*\*|\\[a-zA-Z]+|\\.|\s+|.", re.DOTALL)
+_LOG_LIMIT = math.log10(MAX_NUMBER_DIGITS)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def answer_fault(answer: str) -> str | None:
+    """Why `answer` may not go to the verifier (a cause above), or None when it may."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return "answer_too_long"
+    if nesting_depth(answer) > MAX_ANSWER_DEPTH:
+        return "answer_too_deep"
+    tokens = [t for t in _TOKEN.findall(answer) if not t.isspace()]
+    try:
+        _Magnitudes(tokens).sequence(0)
+    except _TooLarge:
+        return "answer_too_large"
+    return None
+
+
+def nesting_depth(text: str) -> int:
+    """How deep brackets of any kind are nested (a closer with nothing open is ignored)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in _OPENERS:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in _CLOSERS and depth:
+            depth -= 1
+    return deepest
+
+
+def _log_number(token: str) -> float:
+    """|log10| of a number written in digits: how far it is from 1, either way (0.5^{10^9} asks
+    for as many digits as 2^{10^9}); a long one's digit count bounds it."""
+    whole = token.split(".")[0].lstrip("0")
+    if len(whole) > 15:
+        return float(len(whole))
+    value = float(token)
+    return abs(math.log10(value)) if value else 0.0
+
+
+def _log_digits(log_exponent: float, log_base: float) -> float:
+    """log10 of the number of digits of B^E, given log10|E| and |log10 B|; raises _TooLarge past
+    MAX_NUMBER_DIGITS. -inf for a base of magnitude 1 or a symbol."""
+    log_digits = log_exponent + math.log10(log_base) if log_base > 0 else -math.inf
+    if log_digits > _LOG_LIMIT:
+        raise _TooLarge
+    return log_digits
+
+
+def _log_factorial(log_n: float) -> float:
+    """log10(n!) for n = 10^log_n (Stirling, through lgamma); raises _TooLarge past
+    MAX_NUMBER_DIGITS digits."""
+    if log_n <= 0:
+        return 0.0
+    if log_n > 15:                       # n! has about n * log10(n) digits
+        return 10 ** _log_digits(log_n, log_n)
+    log_value = math.lgamma(10 ** log_n + 1) / math.log(10)
+    if log_value > MAX_NUMBER_DIGITS:
+        raise _TooLarge
+    return log_value
+
+
+class _Magnitudes:
+    """A one-pass reader of the tokens of an answer within MAX_ANSWER_CHARS and MAX_ANSWER_DEPTH
+    (so its recursion, one level per bracket, stays shallow)."""
+
+    def __init__(self, tokens: list[str]):
+        self.tokens, self.at = tokens, 0
+
+    def sequence(self, closer: str | None) -> float:
+        """log10 bound of the atoms up to `closer` (or the end), which it consumes."""
+        total = 0.0
+        while self.at < len(self.tokens):
+            if self.tokens[self.at] in _CLOSERS:
+                self.at += 1
+                if closer is not None:
+                    return total
+                continue                    # a stray closer at the top level
+            total += max(self.item(), 0.0)
+        return total
+
+    def item(self) -> float:
+        """An atom with its factorials, then its powers: `a ^ b ^ c` is a^(b^c), folded from the
+        right without recursion."""
+        logs = [self.factorials(self.atom())]
+        while self.at < len(self.tokens) and self.tokens[self.at] in ("^", "**"):
+            self.at += 1
+            logs.append(self.factorials(self.atom()))
+        log = logs.pop()
+        while logs:
+            log_digits = _log_digits(log, logs.pop())
+            log = 10 ** log_digits if log_digits > -math.inf else 0.0
+        return log
+
+    def factorials(self, log: float) -> float:
+        while self.at < len(self.tokens) and self.tokens[self.at] == "!":
+            self.at += 1
+            log = _log_factorial(log)
+        return log
+
+    def atom(self) -> float:
+        if self.at >= len(self.tokens) or self.tokens[self.at] in _CLOSERS:
+            return 0.0                      # nothing there (`x^` at the end, `x^}`)
+        token = self.tokens[self.at]
+        self.at += 1
+        if token in _OPENERS:
+            return self.sequence({"{": "}", "(": ")", "[": "]"}[token])
+        if token[0].isdigit():
+            return _log_number(token)
+        return 0.0                          # a letter, a command, an operator: symbolic

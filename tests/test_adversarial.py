@@ -1,0 +1,87 @@
+"""Completions built to make each built-in reward and each built-in tool raise or stall: every one
+gets a number (a reward) or an observation (a tool) in bounded time. The bounds are generous (ten
+times the deadline, or seconds where there is none) so they cannot be flaky, but a stall fails."""
+
+import time
+
+import pytest
+
+from grpo.rewards import (countdown_equation, exact_answer, faults, final_answer, math_accuracy,
+                          think_format)
+from grpo.rewards import answers
+from grpo.tools import Call, resolve_tools, run_call
+
+MB = 1_000_000
+
+# Shapes that made extraction quadratic or the verifier overrun, at a megabyte, and small bombs.
+COMPLETIONS = {
+    "boxed flood": "\\boxed{" * (MB // 7),
+    "closed boxes in boxes": "\\boxed{" * 2000 + "1" + "}" * 2000,
+    "newlines": "\n" * MB,
+    "nested braces": "{" * (MB // 2) + "}" * (MB // 2),
+    "digits": "9" * MB,
+    "answer tags": "<answer>" * (MB // 8),
+    "think tags": "<think>" + "</think><answer>" * (MB // 16),
+    "results": "</result>" * (MB // 9),
+    "hashes": "#" * (MB // 2) + " " * (MB // 2),
+    "closing phrases": "The answer is   \n  A:" * (MB // 20),
+    "tower": "\\boxed{9^{9^{9^{9}}}}",
+    "python tower": "<answer>9**9**9**9</answer>",
+    "factorial": "\\boxed{(10^{10})!}",
+    "mixed": ("\\boxed{" + "{" * 50 + "9^{9^{" + "\n" * 100 + "<answer>(((") * 2000,
+    "null bytes and surrogates": "\x00\ud800\\boxed{\x00\ud800}" * 1000,
+    "unbalanced closers": "}" * MB + "\\boxed{1}",
+}
+
+# The arguments each reward takes besides prompts and completions.
+REWARDS = {
+    "math_accuracy": (math_accuracy, {"answer": "42"}),
+    "exact_answer": (exact_answer, {"answer": "42"}),
+    "final_answer": (final_answer, {"answer": "42"}),
+    "think_format": (think_format, {}),
+    "countdown_equation": (countdown_equation, {"numbers": [3, 5, 2], "target": 16}),
+}
+
+
+@pytest.mark.parametrize("shape", COMPLETIONS)
+@pytest.mark.parametrize("reward", REWARDS)
+def test_every_built_in_reward_gives_a_number_in_bounded_time(reward, shape):
+    fn, columns = REWARDS[reward]
+    start = time.monotonic()
+    out = fn(["q"], [COMPLETIONS[shape]], **{k: [v] for k, v in columns.items()})
+    assert time.monotonic() - start < 10 * answers.MATH_DEADLINE_S
+    assert out == [0.0]       # none of them is right; all are numbers, none is None
+
+
+def test_countdown_counts_why_it_could_not_read_an_equation():
+    faults.take()
+    completions = ["<answer>" + "1+" * 150 + "1</answer>", "<answer>3**5</answer>",
+                   "<answer>3/(5-5)</answer>", "<answer>(3+5</answer>", "<answer>3+5+2</answer>",
+                   "<answer>(3+5)*2</answer>"]
+    scores = countdown_equation(["q"] * 6, completions, numbers=[[3, 5, 2]] * 6, target=[16] * 6)
+    assert scores == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert faults.take() == {"reward/countdown_equation/zero/divides_by_zero": 1,
+                             "reward/countdown_equation/zero/equation_too_long": 1,
+                             "reward/countdown_equation/zero/not_arithmetic": 2}
+
+
+# Inputs built to make each built-in tool raise, stall or overflow what it sends back.
+TOOL_CALLS = {
+    "calculator": ["(((9**99)**99)**99)**99", "9**9**9**9", "2**(10**400)", "-" * 5000 + "1",
+                   "(" * 300 + "1" + ")" * 300, "+".join(["9" * 300] * 3), "1/0", "1e308*1e308",
+                   "10.0**400", "(" * 100 + "9**99" + ")" * 100, "\x00", "lambda: 1"],
+    "python": ["while True: pass", "print('x' * 10_000_000)", "import os\nos.kill(os.getpid(), 9)",
+               "import sys\nsys.stdout.write('\\ud800' * 50000)", "raise SystemExit(3)",
+               "x = 9 ** 9 ** 9", "print(1)\nimport os\nos._exit(0)", "\x00"],
+}
+DEADLINE_S = 2.0
+
+
+@pytest.mark.parametrize("tool, argument", [(t, a) for t, args in TOOL_CALLS.items() for a in args])
+def test_every_built_in_tool_answers_in_bounded_time(tool, argument):
+    tools = resolve_tools([tool])
+    parameter = tools[tool].parameters[0]
+    start = time.monotonic()
+    outcome = run_call(Call(tool, {parameter: argument}), tools, DEADLINE_S)
+    assert time.monotonic() - start < 10 * DEADLINE_S
+    assert isinstance(outcome.text, str) and len(outcome.text) <= 2100
