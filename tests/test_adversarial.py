@@ -85,3 +85,22 @@ def test_every_built_in_tool_answers_in_bounded_time(tool, argument):
     outcome = run_call(Call(tool, {parameter: argument}), tools, DEADLINE_S)
     assert time.monotonic() - start < 10 * DEADLINE_S
     assert isinstance(outcome.text, str) and len(outcome.text) <= 2100
+
+
+@pytest.mark.parametrize("parse,opening", [("parse_hermes", "<tool_call>"), ("parse_plain", "<call>")])
+def test_reading_tool_calls_is_linear_in_the_completion(parse, opening):
+    import grpo.tools as tools
+    fn = getattr(tools, parse)
+    closing = opening.replace("<", "</")
+    # the same calls as a regex finds them
+    text = f"a{opening}x{closing}b{opening}{opening}y{closing}{opening}"
+    assert tools.tagged(text, opening, closing) == ["x", f"{opening}y"]
+    # 400 KB of openings that never close: re.findall took 77 s here; one pass takes milliseconds
+    started = time.perf_counter()
+    assert fn(opening * 40_000, {}) == []
+    deep = opening + "[" * 100_000 + closing       # json.loads' RecursionError is a malformed call
+    calls = fn(deep, {})
+    assert time.perf_counter() - started < 2.0
+    assert len(calls) == 1
+    if parse == "parse_hermes":
+        assert calls[0].error is not None and "RecursionError" in calls[0].error

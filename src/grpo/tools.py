@@ -148,9 +148,23 @@ class Call:
     error: str | None = None            # a malformed call: what was wrong, told to the model
 
 
+def tagged(text: str, opening: str, closing: str) -> list[str]:
+    """The text between each `opening` and the next `closing`, in one pass (what
+    re.findall(opening + "(.*?)" + closing, text, re.S) finds, which takes quadratic time on a
+    completion of openings that never close)."""
+    out, at = [], 0
+    while (start := text.find(opening, at)) >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        out.append(text[start + len(opening):end])
+        at = end + len(closing)
+    return out
+
+
 def parse_hermes(text: str, tools: dict[str, Tool]) -> list[Call]:
     calls = []
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+    for body in tagged(text, "<tool_call>", "</tool_call>"):
         try:
             data = json.loads(body.strip())
             name, arguments = data["name"], data.get("arguments", {})
@@ -159,7 +173,7 @@ def parse_hermes(text: str, tools: dict[str, Tool]) -> list[Call]:
             if not isinstance(arguments, dict):
                 raise ValueError("arguments must be a JSON object")
             calls.append(Call(str(name), arguments))
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             calls.append(Call("", error=f"malformed tool call ({type(e).__name__}: {e}); write "
                                          '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'))
     return calls
@@ -167,7 +181,7 @@ def parse_hermes(text: str, tools: dict[str, Tool]) -> list[Call]:
 
 def parse_plain(text: str, tools: dict[str, Tool]) -> list[Call]:
     calls = []
-    for body in re.findall(r"<call>(.*?)</call>", text, re.S):
+    for body in tagged(text, "<call>", "</call>"):
         name, _, rest = body.strip().partition(" ")
         rest = rest.strip()
         tool = tools.get(name)
@@ -178,7 +192,7 @@ def parse_plain(text: str, tools: dict[str, Tool]) -> list[Call]:
                     raise ValueError("not an object")
                 calls.append(Call(name, arguments))
                 continue
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         if tool is not None and len(tool.parameters) == 1:
             calls.append(Call(name, {tool.parameters[0]: rest}))
