@@ -436,7 +436,7 @@ def start_program_process():
             os._exit(0)
     os.close(req_r)
     os.close(rep_w)
-    return req_w, rep_r
+    return req_w, rep_r, pid
 
 
 def run_tests(job, send, link_fds):
@@ -659,10 +659,11 @@ def _compiles(code):
 
 
 def main():
-    # The program's process first, before the job (and its nonce and tests) is read: what it holds
-    # is this file's source and, later, the program's code; nothing else of this process.
-    link = start_program_process()
-    try:  # the program's process, of the same user id, cannot read our memory or descriptors
+    # In `tests` mode (the launcher's argument), the program's process first, before the job (and
+    # its nonce and tests) is read: what it holds is this file's source and, later, the program's
+    # code; nothing else of this process.
+    link = start_program_process() if sys.argv[1:] == ["tests"] else None
+    try:  # a process of the same user id cannot read our memory or descriptors
         import ctypes
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)       # PR_SET_DUMPABLE, 0
     except (OSError, AttributeError, ImportError):
@@ -679,16 +680,22 @@ def main():
     os.dup2(quiet, 2)
     sys.stdin = io.StringIO("")
     _add_exit_names()
-    write, dumps, exit_now = os.write, json.dumps, os._exit
+    write, dumps, exit_now, kill, reap = os.write, json.dumps, os._exit, os.kill, os.waitpid
 
     def send(payload):
         write(result_fd, nonce + dumps(payload).encode() + b"\n")
+        if link is not None:     # the program's process goes now, not when the launcher looks
+            try:
+                kill(link[2], signal.SIGKILL)
+                reap(link[2], 0)
+            except OSError:
+                pass
         exit_now(0)
 
     if job["mode"] == "tests":
-        return run_tests(job, send, link)
-    for fd in link:                                   # the program's process exits
-        os.close(fd)
+        if link is None:
+            return send({"flags": ["the harness was not started for the tests mode"]})
+        return run_tests(job, send, link[:2])
     {"calls": run_calls, "stdio": run_stdio}[job["mode"]](job, send)
 
 

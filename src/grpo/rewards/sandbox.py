@@ -93,7 +93,7 @@ if pid == 0:
         os.setgid(s["uid"])
         os.setuid(s["uid"])
     os.chdir("/tmp")
-    os.execve(s["python"], [s["python"], "-I", "-S", "-c", s["harness"]], {})
+    os.execve(s["python"], [s["python"], "-I", "-S", "-c", s["harness"], s["mode"]], {})
 os.close(0)
 os.close(1)
 deadline, status, pause = time.monotonic() + s["deadline_s"], None, 0.0005
@@ -205,7 +205,8 @@ def run_program(job: dict, limits: Limits = Limits(), isolate: bool = True,
     # counter a slot in it (more than `code_workers` programs are never in flight at once)
     uid = _UID_BASE + (os.getpid() % (1 << 22)) * 256 + next(_UIDS) % 256 if isolate else None
     settings = {"isolate": isolate, "uid": uid, "python": _python_for(isolate),
-                "harness": HARNESS, "cpu_s": int(limits.timeout_s) + 1,
+                "harness": HARNESS, "mode": str(job.get("mode", "")),
+                "cpu_s": int(limits.timeout_s) + 1,
                 "memory_bytes": limits.memory_mb << 20, "file_bytes": limits.file_mb << 20,
                 "processes": limits.processes, "tmp_kb": limits.tmp_mb << 10,
                 "deadline_s": limits.timeout_s if deadline_s is None else deadline_s}
