@@ -99,6 +99,22 @@ def test_custom_reward_function_and_dataset(tmp_path):
     assert "reward/ends_with_answer/mean" in result.history[0]
 
 
+def test_the_zeros_a_reward_counts_by_cause_are_logged_each_step(tmp_path):
+    from grpo.rewards import faults
+
+    def strict(prompts, completions, **columns):
+        faults.count("strict", "too_long", sum(len(c) > 0 for c in completions))
+        return [0.0] * len(completions)
+
+    c = build_config({"sft_steps": 0, "steps": 2, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 3, "output_dir": str(tmp_path / "r")})
+    result = train(c, reward_fns=[strict], log=lambda s: None)
+    logged = read_metrics(tmp_path / "r")
+    counts = [m.get("reward/strict/zero/too_long", 0) for m in logged if "eval/accuracy" not in m]
+    assert counts == [m["reward/strict/zero/too_long"] for m in result.history]
+    assert all(0 < n <= 6 for n in counts) and faults.take() == {}
+
+
 def test_lr_schedule_counts_steps_not_updates(tmp_path):
     # cosine over 4 steps, mu = 2 updates each: the factor at step k is (1 + cos(pi k / 4)) / 2,
     # i.e. 1, 0.853553, 0.5, 0.146447, whatever mu is.

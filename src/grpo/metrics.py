@@ -9,6 +9,7 @@ import torch
 
 from grpo import distributed
 from grpo.advantages import zero_std_fraction
+from grpo.rewards import faults
 from grpo.rollout import Rollout
 
 
@@ -60,6 +61,15 @@ def episode_metrics(rollout: Rollout) -> dict:
     if calls:
         out["episode/tool_failure_rate"] = sum(e["tool_failures"]) / calls
     return out
+
+
+def everyones_faults(world: distributed.World) -> dict[str, int]:
+    """`reward/<fn>/zero/<cause>` counts since the last step, summed over every process."""
+    total: dict[str, int] = {}
+    for part in distributed.gather_objects(faults.take(), world):
+        for key, n in part.items():
+            total[key] = total.get(key, 0) + n
+    return dict(sorted(total.items()))
 
 
 def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:

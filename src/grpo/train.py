@@ -34,10 +34,10 @@ from grpo.data import PromptStream, columns_of
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
-from grpo.metrics import everyones_rows, metrics_line, sample_records, step_metrics
+from grpo.metrics import (everyones_faults, everyones_rows, metrics_line, sample_records,
+                          step_metrics)
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
-from grpo.rewards import faults
 from grpo.rewards.shaping import overlong_penalty
 from grpo.progress import Progress
 from grpo.rollout import Rollout, concat
@@ -306,7 +306,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
                            reward_s=timer["reward"] + t2 - t_ref, reference_s=t_ref - t1,
                            update_s=t3 - t2, step_s=t3 - t0)
     metrics.update(extra, lr=lr)
-    metrics.update(faults.take())            # why built-in rewards scored completions 0
+    metrics.update(everyones_faults(learner.world))   # why built-in rewards scored completions 0
     metrics["update/skipped_steps"] = learner.skipped_total
     metrics["data/skipped_long_prompts"] = data.skipped_long_prompts
     return rollout, metrics
