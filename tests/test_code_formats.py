@@ -711,6 +711,18 @@ def test_the_tests_process_memory_and_descriptors_are_closed_to_the_program(rewa
 
 
 @needs_sandbox
+def test_arguments_cross_as_the_same_types_in_the_same_order(reward):
+    # HumanEval/95's canonical solution reads a dict's keys in insertion order; a set argument is
+    # a set the program may add to; a Counter stays a Counter
+    row = {"tests": ["assert first({'p': 1, 'A': 2, 'B': 3}) == 'p'", "assert grow({1}) == {1, 2}",
+                     "from collections import Counter",
+                     "assert top(Counter('aab')) == [('a', 2)]", "assert keys(frozenset({3})) == [3]"]}
+    program = ("def first(d):\n    return next(iter(d))\ndef grow(s):\n    s.add(2)\n    return s\n"
+               "def top(c):\n    return c.most_common(1)\ndef keys(f):\n    return sorted(f | {3})\n")
+    assert score(reward, row, program, prompt="") == 1.0
+
+
+@needs_sandbox
 def test_program_objects_cross_as_handles(reward):
     # a generator, a class's instances passed back, a method, an attribute, len(), indexing and
     # a builtin exception raised across

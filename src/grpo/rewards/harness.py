@@ -55,8 +55,9 @@ def _named_tuple(t) -> bool:
 
 def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple.__iter__):
     """A plain value as JSON-able data, tagged so a tuple, a set and a dict survive the trip:
-    lists stay lists; {"t": [..]} tuple (and a namedtuple), {"s": [..]} set, {"d": [[k, v], ..]}
-    dict (and Counter, defaultdict), {"o": [[k, v], ..]} OrderedDict (in order), {"q": [..]}
+    lists stay lists; {"t": [..]} tuple (and a namedtuple), {"s": [..]} set, {"fs": [..]}
+    frozenset, {"d": [[k, v], ..]} dict (and defaultdict; in insertion order), {"ctr": [[k, v], ..]}
+    Counter, {"o": [[k, v], ..]} OrderedDict, {"q": [..]}
     deque, {"c": [re, im]} complex, {"b": hex} bytes, {"x": hex} an int past 13,000 bits,
     {"f": "inf"|"-inf"|"nan"} non-finite float, {"fr": [p, q]} Fraction, {"dec": text} Decimal. Any other type (a subclass of int with
     its own `__eq__`, an instance of the program's own class) raises NotPlain."""
@@ -77,10 +78,11 @@ def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple
         return {"t": [encode(v, depth + 1) for v in _tuple_iter(value)]}
     if t is set or t is frozenset:
         items = [encode(v, depth + 1) for v in value]
-        return {"s": sorted(items, key=lambda e: json.dumps(e, sort_keys=True))}
-    if t is dict or t is _COUNTER or t is _DEFAULT:
+        items.sort(key=lambda e: json.dumps(e, sort_keys=True))
+        return {"s": items} if t is set else {"fs": items}
+    if t is dict or t is _COUNTER or t is _DEFAULT:    # in insertion order, which programs may read
         pairs = [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _dict_items(value)]
-        return {"d": sorted(pairs, key=lambda e: json.dumps(e[0], sort_keys=True))}
+        return {"d" if t is not _COUNTER else "ctr": pairs}
     if t is _ORDERED:
         return {"o": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _dict_items(value)]}
     if t is _DEQUE:
@@ -117,14 +119,18 @@ def decode(data, handles=None):
 def _decode_tagged(tag, body, handles):
     if tag == "h" and handles is not None:
         return handles[body]
-    if tag in ("t", "s", "q") and not isinstance(body, list):
+    if tag in ("t", "s", "fs", "q") and not isinstance(body, list):
         raise TypeError(tag)
     if tag == "t":
         return tuple(decode(v, handles) for v in body)
     if tag == "s":
+        return set(decode(v, handles) for v in body)
+    if tag == "fs":
         return frozenset(decode(v, handles) for v in body)
-    if tag in ("d", "o"):
+    if tag in ("d", "o", "ctr"):
         pairs = [(decode(k, handles), decode(v, handles)) for k, v in body]
+        if tag == "ctr":
+            return collections.Counter(dict(pairs))
         return dict(pairs) if tag == "d" else collections.OrderedDict(pairs)
     if tag == "q":
         return collections.deque(decode(v, handles) for v in body)
