@@ -17,12 +17,12 @@ a turn with calls is answered with their results, a turn without ends the episod
 
 Environments are user code: `reset` and `step` run with a deadline; an error or an overrun in
 `step` is shown to the model as the observation and counted, one in `reset` stops with an error
-that names the row.
+that names the row. The module that `module:Class` names is found in the working directory first,
+as a reward's is (rewards/workers.find).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import zlib
 import threading
@@ -115,17 +115,21 @@ ENVIRONMENTS: dict[str, Callable[[], Any]] = {"guess_number": GuessNumber}
 
 
 def environment_factory(name: str) -> Callable[[], Any] | None:
-    """A zero-argument factory: a built-in name, or `module:ClassOrFunction`; empty -> None."""
+    """A zero-argument factory: a built-in name, or `module:ClassOrFunction` (the module found in
+    the working directory first); empty -> None."""
+    from grpo.rewards.workers import find
     if not name:
         return None
     if name in ENVIRONMENTS:
         return ENVIRONMENTS[name]
     if ":" in name:
-        module_name, _, attr = name.partition(":")
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise EnvironmentError_(f"environment '{name}': cannot import it ({e})") from None
+            factory = find(name, "class or function")
+        except ImportError as e:
+            raise EnvironmentError_(f"environment '{name}': {e}") from None
+        if not callable(factory):
+            raise EnvironmentError_(f"environment '{name}' is not a class or a function that makes "
+                                    f"one (its type is {type(factory).__name__})")
         return factory
     raise EnvironmentError_(f"unknown environment '{name}'; built-ins are {sorted(ENVIRONMENTS)}, "
                             "or give your own as module:Class")
