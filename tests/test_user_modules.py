@@ -64,7 +64,7 @@ class KVStore:
         return "not a tool: private"
 '''
 
-USER_MODULES = ("mytools", "kvenv", "badenv", "brokenmod", "sharedname", "json_like")
+USER_MODULES = ("mytools", "kvenv", "badenv", "brokenmod", "sharedname", "myrewards", "agentpkg")
 
 
 @pytest.fixture
@@ -81,10 +81,10 @@ def user_dir(tmp_path, monkeypatch):
     for name in USER_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     yield tmp_path
-    for target in [t for t in tools._POOLS if t.partition(":")[0] in USER_MODULES]:
+    for target in [t for t in tools._POOLS if t.split(":")[0].split(".")[0] in USER_MODULES]:
         tools._POOLS.pop(target)[0].close()
-    for name in USER_MODULES:
-        sys.modules.pop(name, None)
+    for name in [m for m in sys.modules if m.split(".")[0] in USER_MODULES]:
+        del sys.modules[name]
 
 
 # ---- Item 3: found where the user keeps them --------------------------------------------------
@@ -120,6 +120,16 @@ def test_the_named_module_is_taken_from_the_working_directory_first(user_dir, tm
     assert resolve_tools(["sharedname:f"])["f"].fn() == "here"
 
 
+@pytest.mark.parametrize("package", ["a package", "a plain directory"])
+def test_a_tool_in_a_package_of_the_working_directory(user_dir, package):
+    (user_dir / "agentpkg").mkdir()
+    if package == "a package":
+        (user_dir / "agentpkg" / "__init__.py").write_text("")
+    (user_dir / "agentpkg" / "units.py").write_text(MYTOOLS)
+    tools = resolve_tools(["agentpkg.units:weekday"])
+    assert run_call(Call("weekday", {"date": "2024-05-04"}), tools, 30.0).text == "Saturday"
+
+
 def test_an_environment_from_the_working_directory_answers_its_methods_calls(user_dir):
     agent = agent_of(build_config({"environment": "kvenv:KVStore"}))
     assert agent.make_env.__module__ == "kvenv"
@@ -136,7 +146,6 @@ def test_a_reward_tool_and_environment_from_the_working_directory_in_one_run(use
                                    "environment": "kvenv:KVStore"}))
     assert [fn.__module__ for fn in data.reward_fns] == ["myrewards"]
     assert list(data.agent.tools) == ["weekday"] and data.agent.make_env.__name__ == "KVStore"
-    sys.modules.pop("myrewards", None)
 
 
 @pytest.mark.parametrize("values, message", [
@@ -149,9 +158,10 @@ def test_a_reward_tool_and_environment_from_the_working_directory_in_one_run(use
     ({"tools": ["brokenmod:f"]},
      r"config key 'tools': tool 'brokenmod:f': cannot import module 'brokenmod' \(SyntaxError: "
      r".*brokenmod.py, line 1"),
-    ({"tools": ["json:dumps"]},
-     r"config key 'tools': tool 'json:dumps': .+json.py has the name of the module 'json' that is "
-     r"already imported from .+; rename your file"),
+    ({"tools": ["json:weekday"]},
+     r"config key 'tools': tool 'json:weekday': module 'json' has no function 'weekday'; it was "
+     r"read from .+json/__init__.py; .+/json.py was not read, as a module named 'json' was "
+     r"imported before it: rename your file"),
     ({"environment": "nosuch:KVStore"},
      r"config key 'environment': environment 'nosuch:KVStore': cannot import module 'nosuch': no "
      r"nosuch.py in the working directory"),
@@ -177,7 +187,7 @@ def test_a_reward_tool_and_environment_from_the_working_directory_in_one_run(use
 ])
 def test_every_bad_tool_or_environment_is_named_with_its_key_and_module(user_dir, values, message):
     (user_dir / "brokenmod.py").write_text("def f(:\n")
-    (user_dir / "json.py").write_text("def dumps(x: str) -> str:\n    '''Doc.'''\n")
+    (user_dir / "json.py").write_text("def weekday(x: str) -> str:\n    '''Doc.'''\n")
     (user_dir / "badenv.py").write_text(BADENV)
     with pytest.raises(ConfigError, match=message):
         load_data(build_config(values))

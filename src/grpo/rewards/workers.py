@@ -230,14 +230,13 @@ class DeadlinePool:
 
 def import_user_module(name: str):
     """The module `name`, from the working directory first, else as Python finds it (the module
-    docstring). A file there with the name of a module already imported from elsewhere (`code.py`,
-    `test.py`) is an ImportError that says so; Python would hand back the other module."""
+    docstring). A module of that name already imported stays the one used (the library's own
+    `grpo`, or `json`: a `json.py` of the user's is then not read, which `find` says)."""
     here = os.getcwd()
     top = name.partition(".")[0]
     importlib.invalidate_caches()               # a file written since the last import is seen
     spec = importlib.machinery.PathFinder.find_spec(top, [here])
-    loaded = sys.modules.get(top)
-    if spec is not None and loaded is None:
+    if spec is not None and top not in sys.modules:
         if here not in sys.path:
             sys.path.append(here)               # last: for the module's own imports of its neighbours
         if spec.origin is not None:             # a file or a package (a plain directory is not taken first)
@@ -248,16 +247,19 @@ def import_user_module(name: str):
             except BaseException:
                 del sys.modules[top]
                 raise
-    elif spec is not None and spec.origin is not None and not _same_file(loaded, spec.origin):
-        raise ImportError(f"{spec.origin} has the name of the module '{top}' that is already "
-                          f"imported from {getattr(loaded, '__file__', None) or 'the interpreter'}; "
-                          "rename your file")
     return importlib.import_module(name)
 
 
-def _same_file(module, path: str) -> bool:
-    file = getattr(module, "__file__", None)
-    return bool(file) and os.path.realpath(file) == os.path.realpath(path)
+def _unread_file(module) -> str:
+    """Where a user's file of the module's name, in the working directory, was passed over."""
+    top = module.__name__.partition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    mine = None if spec is None else spec.origin
+    read = getattr(sys.modules.get(top), "__file__", None)
+    if mine is None or (read and os.path.realpath(read) == os.path.realpath(mine)):
+        return ""
+    return (f"; {mine} was not read, as a module named '{top}' was imported before it: rename "
+            "your file")
 
 
 def find(target: str, kind: str = "function") -> Any:
@@ -280,7 +282,8 @@ def find(target: str, kind: str = "function") -> Any:
             close = difflib.get_close_matches(part, names, n=1)
             raise ImportError(f"module '{module_name}' has no {kind} '{qualname}'"
                               + (f" (did you mean '{close[0]}'?)" if close else "")
-                              + f"; it was read from {getattr(module, '__file__', None) or module_name}")
+                              + f"; it was read from {getattr(module, '__file__', None) or 'the interpreter'}"
+                              + _unread_file(module))
         found = getattr(found, part)
     return found
 
