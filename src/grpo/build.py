@@ -9,6 +9,7 @@ import os
 import random
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,7 @@ from grpo.rewards import RewardFn, get_reward, math_accuracy, reward_name
 from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task
 from grpo.environments import EnvironmentError_, environment_factory
-from grpo.episodes import EpisodeLimits, episode_tools
+from grpo.episodes import EpisodeLimits, shown_tools
 from grpo.tools import Tool, ToolError, resolve_tools
 
 
@@ -38,6 +39,11 @@ class Agent:
     call_format: str
     limits: EpisodeLimits
     turn_rewards: bool = False
+
+    @cached_property
+    def shown(self) -> list[Tool]:
+        """What every prompt describes: the run's tools, then the environment's methods."""
+        return shown_tools(self.make_env, self.tools)
 
 
 @dataclass
@@ -228,8 +234,7 @@ def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | N
         if not names and make_env is None:
             return None
         tools = resolve_tools(names)
-        if make_env is not None:
-            episode_tools(make_env(), tools)    # the environment's methods as tools, checked now
+        shown_tools(make_env, tools)    # an environment made now: its protocol and methods checked
     except (ToolError, EnvironmentError_) as e:
         raise ConfigError(f"config key '{'environment' if isinstance(e, EnvironmentError_) else 'tools'}"
                           f"': {e}") from None
@@ -269,7 +274,7 @@ def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
         try:
             texts.append(format_prompt(tokenizer, r["prompt"], config.model.chat_template,
                                        config.data.system_prompt,
-                                       tools=list(agent.tools.values()) if agent else None,
+                                       tools=agent.shown if agent else None,
                                        call_format=agent.call_format if agent else "plain"))
         except DataError as e:
             where = config.data.dataset or f"task {config.data.task}"

@@ -33,10 +33,11 @@ from typing import Any, Callable
 import torch
 
 from grpo import decoder
-from grpo.environments import EnvironmentError_, as_step, public_methods, with_deadline
+from grpo.environments import (EnvironmentError_, as_step, checked_instance, label, method_tools,
+                               with_deadline)
 from grpo.rollout import Rollout
 from grpo.sampling import draw, eos_ids
-from grpo.tools import FORMATS, CallFormat, Tool, make_tool, run_call
+from grpo.tools import FORMATS, CallFormat, Tool, run_call
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,26 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
 
 
-def episode_tools(env, tools: dict[str, Tool]) -> dict[str, Tool]:
+def episode_tools(env, tools: dict[str, Tool], where: str = "") -> dict[str, Tool]:
     """The run's tools plus the environment's public methods, bound to this episode."""
     own = dict(tools)
     if env is not None:
-        for name, method in public_methods(env).items():
-            own[name] = make_tool(method, name)
+        for name, tool in method_tools(env, where).items():
+            if name in own:
+                raise EnvironmentError_(f"environment '{where or type(env).__name__}': its method "
+                                        f"'{name}' has the name of one of the run's tools; rename one")
+            own[name] = tool
     return own
+
+
+def shown_tools(make_env: Callable[[], Any] | None, tools: dict[str, Tool]) -> list[Tool]:
+    """The tools every prompt describes, as the model can call them: the run's, then the
+    environment's methods. Their schemas come from the class, not from an episode's state, so
+    one environment made now (checked_instance: at start, an environment that cannot run stops
+    the run, named) gives every episode's."""
+    if make_env is None:
+        return list(tools.values())
+    return list(episode_tools(checked_instance(make_env), tools, label(make_env)).values())
 
 
 def respond(ep: Episode, text: str, fmt: CallFormat, deadline_s: float) -> str | None:

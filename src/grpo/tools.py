@@ -449,8 +449,9 @@ BUILTIN_TOOLS: dict[str, Callable[[], Callable]] = {
 
 
 def resolve_tools(specs: list) -> dict[str, Tool]:
-    """Tools by name: built-ins, `module:function`, or callables (from Python)."""
-    import importlib
+    """Tools by name: built-ins, `module:function` (the module found in the working directory
+    first, as a reward's is: rewards/workers.find), or callables (from Python)."""
+    from grpo.rewards.workers import find
     tools: dict[str, Tool] = {}
     for spec in specs:
         if callable(spec):
@@ -458,11 +459,12 @@ def resolve_tools(specs: list) -> dict[str, Tool]:
         elif spec in BUILTIN_TOOLS:
             tool = make_tool(BUILTIN_TOOLS[spec](), spec)
         elif isinstance(spec, str) and ":" in spec:
-            module_name, _, attr = spec.partition(":")
             try:
-                fn = getattr(importlib.import_module(module_name), attr)
-            except (ImportError, AttributeError) as e:
-                raise ToolError(f"tool '{spec}': cannot import it ({e})") from None
+                fn = find(spec)
+            except ImportError as e:
+                raise ToolError(f"tool '{spec}': {e}") from None
+            if not callable(fn):
+                raise ToolError(f"tool '{spec}' is not a function (its type is {type(fn).__name__})")
             tool = make_tool(fn)
         else:
             raise ToolError(f"unknown tool '{spec}'; built-ins are {sorted(BUILTIN_TOOLS)}, or give "

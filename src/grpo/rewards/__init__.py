@@ -8,10 +8,7 @@ wrong length or a non-finite value is an error that names the function.
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -19,6 +16,7 @@ from grpo.rewards.countdown import countdown_equation
 from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, extract_answer, final_answer, math_accuracy
 from grpo.rewards.code import CodeTests, code_tests
+from grpo.rewards.workers import find
 
 RewardFn = Callable[..., list]
 
@@ -37,28 +35,17 @@ class RewardError(ValueError):
     """A reward function broke the contract; the message names it."""
 
 
-def _import_from_here(module_name: str):
-    """Import a module, looking in the working directory too (where a user's reward file lives)."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError:
-        if os.getcwd() in sys.path:
-            raise
-        sys.path.insert(0, os.getcwd())
-        return importlib.import_module(module_name)
-
-
 def get_reward(name: str) -> RewardFn:
-    """A built-in by name, or any function as `module:function` (the module must be importable)."""
+    """A built-in by name, or any function as `module:function`, the module found in the working
+    directory first (workers.find)."""
     if ":" in name:
-        module_name, _, attr = name.partition(":")
         try:
-            module = _import_from_here(module_name)
+            fn = find(name)
         except ImportError as e:
-            raise RewardError(f"reward function '{name}': cannot import module '{module_name}' ({e})") from None
-        fn = getattr(module, attr, None)
+            raise RewardError(f"reward function '{name}': {e}") from None
         if not callable(fn):
-            raise RewardError(f"reward function '{name}': module '{module_name}' has no function '{attr}'")
+            raise RewardError(f"reward function '{name}' is not a function (its type is "
+                              f"{type(fn).__name__})")
         return fn
     if name not in REWARDS:
         raise RewardError(f"unknown reward function '{name}'; built-ins are {sorted(REWARDS)}, "

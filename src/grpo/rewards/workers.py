@@ -21,11 +21,22 @@ Each call ends one of five ways (`run` says which; `map` keeps only the values, 
   a crash in a C extension).
 
 A worker that overran or died is killed if need be and replaced, and the event is counted.
+
+Where a `module:function` is found (`find`, shared by rewards, tools, environments and the workers
+themselves): the module is taken from the working directory first, where a user keeps the file a
+config names, else from wherever Python finds it. The working directory goes at the end of the
+search path, so the user's module can import its neighbours but no file there hides a module the
+library or its dependencies import. A worker starts in the caller's working directory with the
+caller's search path, and without the working directory put first (`-P`), so it finds the same
+module the caller found, and nothing else of the user's.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import pickle
 import signal
@@ -39,6 +50,9 @@ from typing import Any, Callable
 _HEADER = struct.Struct("<I")
 _READY = "ready"
 STARTUP_S = 120.0   # how long a fresh worker may take to import its function
+# `-m` puts the working directory first on a worker's path; -P (Python 3.11+) leaves it off, so a
+# user's `datasets.py` there cannot hide the library's own imports (find() still finds theirs).
+_SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
 
 
 def _name_of(fn: Callable) -> str:
@@ -77,7 +91,8 @@ def _write_message(stream, value) -> None:
 class _Worker:
     def __init__(self, target: str):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.process = subprocess.Popen([sys.executable, "-m", "grpo.rewards.workers", target],
+        self.process = subprocess.Popen([sys.executable, *_SAFE_PATH, "-m", "grpo.rewards.workers",
+                                         target],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, env=env, cwd=os.getcwd())
         self.job: int | None = None
@@ -213,20 +228,71 @@ class DeadlinePool:
                 w.kill()
 
 
-def resolve(target: str) -> Any:
-    """The object that `module:qualname` names."""
+def import_user_module(name: str):
+    """The module `name`, from the working directory first, else as Python finds it (the module
+    docstring). A module of that name already imported stays the one used (the library's own
+    `grpo`, or `json`: a `json.py` of the user's is then not read, which `find` says)."""
+    here = os.getcwd()
+    top = name.partition(".")[0]
+    importlib.invalidate_caches()               # a file written since the last import is seen
+    spec = importlib.machinery.PathFinder.find_spec(top, [here])
+    if spec is not None and top not in sys.modules:
+        if here not in sys.path:
+            sys.path.append(here)               # last: for the module's own imports of its neighbours
+        if spec.origin is not None:             # a file or a package (a plain directory is not taken first)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[top] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    return importlib.import_module(name)
+
+
+def _unread_file(module) -> str:
+    """Where a user's file of the module's name, in the working directory, was passed over."""
+    top = module.__name__.partition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    mine = None if spec is None else spec.origin
+    read = getattr(sys.modules.get(top), "__file__", None)
+    if mine is None or (read and os.path.realpath(read) == os.path.realpath(mine)):
+        return ""
+    return (f"; {mine} was not read, as a module named '{top}' was imported before it: rename "
+            "your file")
+
+
+def find(target: str, kind: str = "function") -> Any:
+    """The object `module:qualname` names, its module found by import_user_module; an ImportError
+    whose message says what is missing and where it was looked for."""
     module_name, _, qualname = target.partition(":")
-    fn: Any = importlib.import_module(module_name)
+    try:
+        found: Any = import_user_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name.partition(".")[0]:     # the module itself imports what is missing
+            raise ImportError(f"cannot import module '{module_name}' ({e})") from None
+        raise ImportError(f"cannot import module '{module_name}': no {e.name}.py in the working "
+                          f"directory ({os.getcwd()}) nor on Python's path") from None
+    except Exception as e:  # noqa: BLE001 - a user's module may raise anything as it loads
+        raise ImportError(f"cannot import module '{module_name}' ({type(e).__name__}: {e})") from None
+    module = found
     for part in qualname.split("."):
-        fn = getattr(fn, part)
-    return fn
+        if not hasattr(found, part):
+            names = [n for n in dir(module) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            raise ImportError(f"module '{module_name}' has no {kind} '{qualname}'"
+                              + (f" (did you mean '{close[0]}'?)" if close else "")
+                              + f"; it was read from {getattr(module, '__file__', None) or 'the interpreter'}"
+                              + _unread_file(module))
+        found = getattr(found, part)
+    return found
 
 
 def _serve(target: str) -> None:
     """The worker's loop: read (index, args, kwargs, cpu_s), answer (index, value, error) until
     stdin closes. A function's `warm_up` attribute, if any, runs before the worker says it is
     ready (lazy imports, caches): a call's budget is spent on the call alone."""
-    fn = resolve(target)
+    fn = find(target)
     signal.signal(signal.SIGPROF, signal.SIG_DFL)   # the CPU timer's signal ends the process
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr      # anything the function prints stays off the message channel
