@@ -15,10 +15,11 @@ from typing import Callable
 import torch
 
 from grpo.advantages import ADVANTAGES
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import Columns, DataError, format_prompt, load_rows
-from grpo.models import build_tiny, load_policy, load_tokenizer
+from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
+from grpo.progress import to_stderr
 from grpo.reward_sources import RewardModel, RewardServer
 from grpo.rewards.code import CodeTests, CodeTestsError, spec_from_row
 from grpo.rewards.sandbox import Limits
@@ -72,20 +73,39 @@ def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
     if name.startswith(("http://", "https://")):
         return RewardServer(name)
     if name.startswith("model:"):
-        return RewardModel(name.removeprefix("model:"))
+        path = name.removeprefix("model:")
+        try:
+            path, _ = model_source("rewards", path, runs=False)
+            return RewardModel(path)
+        except ModelError as e:
+            raise ConfigError(f"{e} (the reward model {name})") from None
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"config key 'rewards': cannot load the reward model {name}: "
+                              f"{_first_line(e)}") from None
     return get_reward(name)
 
 
-def check_golds(path: str, rows: list[dict], column: str = "answer") -> None:
-    """Parse every gold answer once, at load; one that holds no value is an error naming its row."""
+def _first_line(error: Exception, limit: int = 300) -> str:
+    """A library's error, cut to its first line: the rest is advice about other setups."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def check_golds(path: str, rows: list[dict], column: str = "answer", key: str = "dataset") -> None:
+    """Parse every gold answer once, at load; one that holds no value is an error naming its row.
+    Held-out rows (`key` eval_dataset) are checked when eval/accuracy is math_accuracy."""
+    why = ("which math_accuracy compares with" if key == "dataset" else
+           "which eval/accuracy compares with (math_accuracy, for rows from a file; code scores "
+           "with rewards=[code_tests])")
     for row in rows:
         if row["answer"] is None:
-            raise DataError(f"{path} row {row['_row'] + 1}: no value in the answer column '{column}', "
-                            "which math_accuracy compares with; set answer_column=NAME or choose "
-                            "rewards that need no answer")
+            raise DataError(f"config key '{key}': {path} row {row['_row'] + 1}: no value in the answer "
+                            f"column '{column}', {why}; set answer_column=NAME or choose rewards that "
+                            "need no answer")
         if not parsed_gold(row["answer"]):
-            raise DataError(f"{path} row {row['_row'] + 1}: answer {str(row['answer'])[:80]!r} holds no "
-                            "value math_accuracy can compare with; fix the row or drop it")
+            raise DataError(f"config key '{key}': {path} row {row['_row'] + 1}: answer "
+                            f"{str(row['answer'])[:80]!r} holds no value math_accuracy can compare "
+                            "with; fix the row or drop it")
 
 
 def check_code_tests(path: str, rows: list[dict]) -> None:
@@ -117,15 +137,24 @@ def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:
     return name
 
 
-def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
-    path = resolve_model(config, run_dir)
+def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None,
+                             log: Callable[[str], None] = to_stderr):
+    """The policy and its tokenizer from `model`; every failure to load is one line naming the
+    key and the path (models.model_source checks the directory first)."""
+    try:
+        path, note = model_source("model", resolve_model(config, run_dir))
+    except ModelError as e:
+        raise ConfigError(str(e)) from None
+    if note:
+        log(note)
     try:
         tokenizer = load_tokenizer(path, config.model.chat_template)
         policy = load_policy(path, config.model.dtype)
-    except OSError as e:
-        raise ConfigError(f"config key 'model': cannot load {path!r}: {str(e).splitlines()[0]}") from None
-    except ValueError as e:
+    except ModelError as e:         # the tokenizer's own checks: EOS, chat template
         raise ConfigError(str(e)) from None
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        where = "" if Path(path).is_dir() else " (no directory here, so it was read as a hub name)"
+        raise ConfigError(f"config key 'model': cannot load '{path}'{where}: {_first_line(e)}") from None
     if torch.cuda.is_available():   # this process's GPU under torchrun (LOCAL_RANK), else the first
         policy = policy.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
     if config.optim.gradient_checkpointing:
