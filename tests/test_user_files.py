@@ -45,6 +45,110 @@ def run_cli(capsys, *args):
     return status, out.out, out.err
 
 
+# ---- 1. Every key a run was given is used or refused -------------------------------------------------
+
+def test_grpo_eval_reads_eval_dataset_without_a_dataset(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    # before: the built-in `largest` task was evaluated (n=200) and nothing said so
+    monkeypatch.chdir(tmp_path)
+    humaneval(tmp_path)
+    status, out, err = run_cli(capsys, "eval", f"model={tiny_model_dir}", "eval_dataset=HumanEval.jsonl",
+                               "rewards=[code_tests]", "max_new_tokens=4", "output_dir=out")
+    assert status == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["eval/n"] == 2
+    rows = [json.loads(line) for line in open(result["rows_file"])]
+    assert [r["prompt"][:7] for r in rows] == ["def add", "def sub"]
+    assert "eval/accuracy: code_tests, the first of the rewards" in err
+
+
+def test_a_math_eval_file_is_scored_by_math_accuracy_and_its_golds_are_checked(tiny_model_dir, tmp_path):
+    path = gsm8k(tmp_path)
+    data = load_data(load_config(None, [f"eval_dataset={path}"]))
+    assert len(data.eval_rows) == 6 and data.eval_rows[0]["answer"].endswith("#### 1")
+    assert data.accuracy_source == "math_accuracy, for rows from a file"
+    # HumanEval's rows hold no answer: scoring them by math_accuracy would be 0 for every row
+    with pytest.raises(Exception, match=r"config key 'eval_dataset': .*HumanEval.jsonl row 1: no value in "
+                                        r"the answer column 'answer', which eval/accuracy compares with"):
+        load_data(load_config(None, [f"eval_dataset={humaneval(tmp_path)}"]))
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize("with_dataset", [False, True])
+def test_a_missing_eval_dataset_is_an_error_naming_the_key_and_the_path(tiny_model_dir, tmp_path, monkeypatch,
+                                                                        capsys, command, with_dataset):
+    monkeypatch.chdir(tmp_path)
+    gsm8k(tmp_path)
+    dataset = ["dataset=test.jsonl"] if with_dataset else []
+    status, _, err = run_cli(capsys, command, f"model={tiny_model_dir}", "eval_dataset=does_not_exist.jsonl",
+                             *dataset, *SMALL, "output_dir=run")
+    assert status == 2
+    assert err.strip().splitlines()[-1] == ("grpo " + command + ": error: config key 'eval_dataset': "
+                                            "dataset file not found: does_not_exist.jsonl")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_rewards_and_their_sources_are_printed_and_written_to_config_yaml(tiny_model_dir, tmp_path):
+    path = gsm8k(tmp_path)
+    cases = [
+        ({"dataset": str(path)}, "math_accuracy x1 (the default with dataset=; rewards= chooses others)"),
+        ({}, "exact_answer x1 (task largest's own reward)"),
+        ({"dataset": str(path), "rewards": ["math_accuracy", "think_format"], "reward_weights": [1, 0.5]},
+         "math_accuracy x1 (rewards=), think_format x0.5 (rewards=)"),
+    ]
+    for i, (values, printed) in enumerate(cases):
+        out = tmp_path / f"run{i}"
+        config = build_config({**load_config(None, SMALL).flat(), "model": str(tiny_model_dir),
+                               "output_dir": str(out), **values})
+        lines = []
+        train(config, log=lines.append)
+        assert any(line.startswith(f"rewards: {printed}; eval/accuracy: ") for line in lines), lines
+        text = (out / "config.yaml").read_text()
+        head = [line for line in text.splitlines() if line.startswith("#")]
+        assert head[0] == "# The reward this run optimized, term by term, and where each came from:"
+        # the file still loads back as the run's config
+        assert load_config(str(out / "config.yaml")) == config
+
+
+ENVIRONMENT = '''
+class HalfPoint:
+    """Every turn is worth 0.5, whatever the model writes."""
+
+    def reset(self, row):
+        return None
+
+    def step(self, text):
+        return ("ok", 0.5, True)
+'''
+
+
+def test_with_an_environment_and_no_rewards_the_environment_reward_is_the_only_one(
+        agent_model_dir, tmp_path, monkeypatch):
+    # before: math_accuracy was added to the environment's reward, and this dataset (no answer
+    # column) stopped the load asking for one
+    (tmp_path / "halfenv.py").write_text(ENVIRONMENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"prompt": f"{i} + {i} ="} for i in range(4)])
+    config = load_config(None, [f"model={agent_model_dir}", f"dataset={path}", f"eval_dataset={path}",
+                                "environment=halfenv:HalfPoint", "max_turns=1", "eval_size=2",
+                                f"output_dir={tmp_path / 'run'}", *SMALL, "max_new_tokens=12",
+                                "eval_every=1"])
+    lines = []
+    result = train(config, log=lines.append)
+    step = next(m for m in result.history if "reward/mean" in m)
+    # the environment's 0.5 per episode that reached it (one cut at max_new_tokens never does)
+    assert step["reward/mean"] == step["reward/environment/mean"] > 0
+    assert not any(k.startswith("reward/math_accuracy") for k in step)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert {s["reward"] for s in samples} <= {0.0, 0.5}
+    # held-out episodes are scored by the environment too, not by math_accuracy (no answers here)
+    evals = [m["eval/accuracy"] for m in result.history if "eval/accuracy" in m]
+    assert len(evals) == 2 and all(a in (0.0, 0.25, 0.5) for a in evals) and max(evals) > 0
+    assert any("rewards: environment x1 (environment halfenv:HalfPoint's episode reward; alone, as no "
+               "rewards= is set); eval/accuracy: environment halfenv:HalfPoint's episode reward" in line
+               for line in lines)
+    assert "#   environment  weight 1" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 # ---- 5. Errors that name the key and the path for every model-loading failure -------------------------
 
 def bad_model_dirs(tmp_path, tiny_model_dir):

@@ -47,11 +47,14 @@ class Data:
     eval_rows: list[dict]
     reward_fns: list[RewardFn]
     reward_weights: list[float]
-    accuracy_fn: RewardFn                       # scores held-out answers for `eval/accuracy`
+    accuracy_fn: RewardFn | None                # scores held-out answers for `eval/accuracy`;
+                                                # None: the environment's episode reward
     # for the cold start: (prompt, context after it that is not imitated, completion to imitate)
     demonstrations: list[tuple[str, str, str]] = field(default_factory=list)
     skipped_long_prompts: int = 0               # rows left out by long_prompts=skip
     agent: Agent | None = None                  # tools and/or an environment: episodes
+    reward_uses: list = field(default_factory=list)   # [RewardUse]: each term and its source
+    accuracy_source: str = ""                   # what eval/accuracy is scored with, and why
 
 
 def seed_everything(seed: int) -> None:
@@ -200,49 +203,135 @@ def add_lora(policy, config: TrainConfig):
     return get_peft_model(policy, lora)
 
 
+@dataclass(frozen=True)
+class RewardUse:
+    """One term of the reward a run optimizes, its weight, and where it came from."""
+    name: str
+    weight: float
+    source: str
+
+
+def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str) -> list[dict]:
+    """The rows of the file or dataset a key names; a load error names the key too."""
+    try:
+        return load_rows(path, columns, config_name, split)
+    except DataError as e:
+        raise DataError(f"config key '{key}': {e}") from None
+
+
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
               check_golds_now: bool = True, tools: list | None = None,
-              environment: Callable[[], object] | None = None) -> Data:
-    """Rows, reward functions and demonstrations from the task or the dataset file. Golds are
-    checked at load for GRPO; cold-start-only use (`grpo sft`) needs none."""
+              environment: Callable[[], object] | None = None,
+              log: Callable[[str], None] | None = None) -> Data:
+    """Rows, reward functions and demonstrations from the task or the dataset file, and the
+    held-out rows from `eval_dataset` whenever it is set. Golds are checked at load for GRPO;
+    cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses."""
     d = config.data
+    columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column)
+    task = None
     if d.dataset:
-        columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column)
-        train_rows = load_rows(d.dataset, columns, d.dataset_config, d.dataset_split)
-        eval_rows = (load_rows(d.eval_dataset, columns, d.dataset_config, d.eval_split)
-                     if d.eval_dataset else [])
+        train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split)
         random.Random(config.run.seed).shuffle(train_rows)
-        default_rewards, accuracy_fn = ["math_accuracy"], math_accuracy
         demonstrations = [(r["prompt"], "", str(r["completion"])) for r in train_rows
                           if "completion" in r]
     else:
         task = get_task(d.task)
-        train_rows, eval_rows = task.train_rows(config.run.seed), task.eval_rows()
-        default_rewards, accuracy_fn = task.rewards, get_reward(task.rewards[0])
+        train_rows = task.train_rows(config.run.seed)
         demonstrations = []
         for r in train_rows:
             shown = task.demonstration(r)    # a completion, or (context, completion) turns
             turns = [("", shown)] if isinstance(shown, str) else shown
             demonstrations += [(r["prompt"], context, target) for context, target in turns]
-    if reward_fns is None:
-        names = config.reward.rewards or default_rewards
-        reward_fns = [resolve_reward(n, config) for n in names]
-    if d.dataset and check_golds_now and math_accuracy in reward_fns:
+    if d.eval_dataset:
+        eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split)
+    else:
+        eval_rows = task.eval_rows() if task is not None else []
+    eval_rows = eval_rows[: d.eval_size]
+    env_name = config.agent.environment or (reward_name(environment) if environment else "")
+    reward_fns, uses = choose_rewards(config, reward_fns, task, env_name)
+    accuracy_fn, accuracy_source = choose_accuracy(config, reward_fns, task, env_name)
+    if check_golds_now and d.dataset and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows, d.answer_column)
-    if d.dataset and any(reward_name(fn) == "code_tests" for fn in reward_fns):
+    if check_golds_now and d.eval_dataset and accuracy_fn is math_accuracy:
+        check_golds(d.eval_dataset, eval_rows, d.answer_column, key="eval_dataset")
+    if any(reward_name(fn) == "code_tests" for fn in reward_fns):
         for path, rows in ((d.dataset, train_rows), (d.eval_dataset, eval_rows)):
-            check_code_tests(path, rows)
-    if d.dataset and reward_name(reward_fns[0]) == "code_tests":
-        accuracy_fn = reward_fns[0]
-    weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
-    if len(weights) != len(reward_fns):
-        raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
-                          f"{len(reward_fns)} reward functions")
-    agent = load_agent(config, [] if d.dataset else list(getattr(task, "tools", [])), tools,
+            if path:
+                check_code_tests(path, rows)
+    weights = [u.weight for u in uses[: len(reward_fns)]]
+    agent = load_agent(config, list(getattr(task, "tools", [])) if task is not None else [], tools,
                        environment)
     _AGENTS[id(config)] = (config, agent)
-    return Data(train_rows, eval_rows[: d.eval_size], reward_fns, weights, accuracy_fn, demonstrations,
-                agent=agent)
+    data = Data(train_rows, eval_rows, reward_fns, weights, accuracy_fn, demonstrations, agent=agent,
+                reward_uses=uses, accuracy_source=accuracy_source)
+    if log is not None:
+        log(reward_line(data))
+    return data
+
+
+def choose_rewards(config: TrainConfig, given: list[RewardFn] | None, task, env_name: str
+                   ) -> tuple[list[RewardFn], list[RewardUse]]:
+    """The reward functions and every term of the reward, each with its source: functions given
+    from Python, else `rewards=`, else (empty) the environment's reward alone, else the dataset
+    default (math_accuracy), else the task's own. The environment's reward is always a term."""
+    r, d = config.reward, config.data
+    if given is not None:
+        names, source = [reward_name(fn) for fn in given], "given to train()"
+    elif r.rewards:
+        names, source = list(r.rewards), "rewards="
+    elif env_name:
+        names, source = [], ""
+    elif d.dataset:
+        names, source = ["math_accuracy"], "the default with dataset=; rewards= chooses others"
+    else:
+        names, source = list(task.rewards), f"task {d.task}'s own reward"
+    fns = list(given) if given is not None else [resolve_reward(n, config) for n in names]
+    weights = list(r.reward_weights) or [1.0] * len(fns)
+    if len(weights) != len(fns):
+        raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
+                          f"{len(fns)} reward functions")
+    uses = [RewardUse(n, w, source) for n, w in zip(names, weights)]
+    if env_name:
+        alone = "" if fns else "; alone, as no rewards= is set"
+        uses.append(RewardUse("environment", 1.0, f"environment {env_name}'s episode reward{alone}"))
+    if config.loss.overlong_buffer > 0:
+        uses.append(RewardUse("overlong", 1.0, f"overlong_buffer={config.loss.overlong_buffer:g}'s "
+                                               "penalty"))
+    if config.loss.kl_in_reward and config.loss.beta > 0:
+        uses.append(RewardUse("kl", -config.loss.beta, "kl_in_reward=true: -beta x the KL"))
+    return fns, uses
+
+
+def choose_accuracy(config: TrainConfig, reward_fns: list[RewardFn], task, env_name: str
+                    ) -> tuple[RewardFn | None, str]:
+    """What `eval/accuracy` scores held-out completions with, and why: code_tests when it is the
+    first reward; the environment's episode reward when it is the only one (None); math_accuracy
+    for rows from a file (`dataset`, `eval_dataset`); else the task's own reward."""
+    if reward_fns and reward_name(reward_fns[0]) == "code_tests":
+        return reward_fns[0], "code_tests, the first of the rewards"
+    if env_name and not reward_fns:
+        return None, f"environment {env_name}'s episode reward"
+    if config.data.dataset or config.data.eval_dataset:
+        return math_accuracy, "math_accuracy, for rows from a file"
+    return get_reward(task.rewards[0]), f"{task.rewards[0]}, task {config.data.task}'s own reward"
+
+
+def reward_line(data: Data) -> str:
+    """The rewards a run uses and where each came from, in one line."""
+    terms = ", ".join(f"{u.name} x{u.weight:g} ({u.source})" for u in data.reward_uses) or "none"
+    return f"rewards: {terms}; eval/accuracy: {accuracy_text(data)}"
+
+
+def accuracy_text(data: Data) -> str:
+    return data.accuracy_source if data.eval_rows else "none (no held-out rows: set eval_dataset=)"
+
+
+def rewards_comment(data: Data) -> str:
+    """config.yaml's head: the same, as YAML comments, so the file still loads as a config."""
+    lines = ["# The reward this run optimized, term by term, and where each came from:"]
+    lines += [f"#   {u.name}  weight {u.weight:g}  ({u.source})" for u in data.reward_uses]
+    lines.append(f"# eval/accuracy: {accuracy_text(data)}")
+    return "\n".join(lines) + "\n"
 
 
 def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | None = None,

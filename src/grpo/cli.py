@@ -78,7 +78,7 @@ def cmd_eval(args: list[str]) -> None:
     from grpo.progress import Progress, to_stderr
     from grpo.sampling import HFSampler
     config = _config(args)
-    data = build.load_data(config)
+    data = build.load_data(config, log=to_stderr)
     if not data.eval_rows:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
     policy, tokenizer = build.load_model_and_tokenizer(config, None)

@@ -60,8 +60,11 @@ class DataConfig:
     dataset_split: str = "train"
     """Split of `dataset` when it is a hub dataset or a dataset directory."""
     eval_dataset: str = ""
-    """Held-out file or dataset for evaluation; empty uses the task's held-out split or none for a
-    file. A hub dataset or directory takes `dataset_config` and `eval_split`."""
+    """Held-out file or dataset for evaluation, read whenever it is set (with or without `dataset`;
+    a missing file is an error); empty uses the task's held-out split, or none with `dataset`. A hub
+    dataset or directory takes `dataset_config` and `eval_split`. eval/accuracy scores its rows
+    with code_tests when that is the first reward, else math_accuracy (its golds checked at load);
+    in a run on an environment's reward alone, with that reward."""
     eval_split: str = "test"
     """Split of `eval_dataset` when it is a hub dataset or a dataset directory."""
     prompt_column: str = "question"
@@ -159,7 +162,9 @@ class SamplingConfig:
 class RewardConfig:
     rewards: list[str] = field(default_factory=list)
     """Reward functions: built-in names, `module:function`, `model:DIR` (a reward model) or an
-    http(s) URL (a reward server); empty uses the task's own reward."""
+    http(s) URL (a reward server). Empty: with `environment`, the environment's episode reward
+    alone; else with `dataset`, math_accuracy; else the task's own reward. An environment's reward
+    is always added; the run prints the rewards it uses and config.yaml lists them."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function; empty weighs each 1.0. The reward is the weighted sum."""
     partial_credit: bool = False

@@ -93,7 +93,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
-    data = build.load_data(c, reward_fns, tools=tools, environment=environment)
+    data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log)
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
     distributed.broadcast_parameters(policy, world)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
@@ -109,7 +109,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         log(f"resuming from {checkpoint} at step {first}/{c.run.steps}")
     if write_files:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(c))
+        (run_dir / "config.yaml").write_text(build.rewards_comment(data) + to_yaml(c))
         resume.cut_run_files(run_dir, first - 1)
     tracker = (RunTracker(run_dir, purge_step=first, report_to=c.run.report_to, config=c.flat())
                if write_files else NullTracker())
