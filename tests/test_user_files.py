@@ -149,6 +149,34 @@ def test_with_an_environment_and_no_rewards_the_environment_reward_is_the_only_o
     assert "#   environment  weight 1" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+# ---- 4. Defaults that fit a user's data ---------------------------------------------------------------
+
+TYPOS = """\
+learning_rate: 1.0e-5
+num_generations: 4
+gruop_size: 4
+per_device_train_batch_size: 8
+steps: 2
+"""
+
+
+def test_every_unknown_key_of_a_yaml_and_the_command_line_is_in_one_message(tmp_path, capsys):
+    (tmp_path / "run.yaml").write_text(TYPOS)
+    status, _, err = run_cli(capsys, "train", str(tmp_path / "run.yaml"), "max_completion_length=64",
+                             "sampling=1")
+    assert status == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("grpo train: error: 6 unknown config keys: ")
+    for part in ["'learning_rate': it is called 'lr' here",
+                 "'num_generations': it is called 'group_size' here",
+                 "'gruop_size': the nearest valid key is 'group_size'",
+                 "'per_device_train_batch_size': it has no single equivalent here: a step samples "
+                 "prompts_per_step prompts with group_size completions each",
+                 "'max_completion_length': it is called 'max_new_tokens' here",
+                 "'sampling': it is a section name, not a key: keys are flat"]:
+        assert part in line, part
+
+
 # ---- 5. Errors that name the key and the path for every model-loading failure -------------------------
 
 def bad_model_dirs(tmp_path, tiny_model_dir):

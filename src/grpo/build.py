@@ -127,8 +127,10 @@ def check_choices(config: TrainConfig) -> None:
     values = config.flat()
     for key, table in tables.items():
         if values[key] not in table:
+            preset = (f" ({values[key]!r} is a preset here: algorithm={values[key]} sets this key "
+                      "and its companions)" if values[key] in ALGORITHMS else "")
             raise ConfigError(f"config key '{key}': unknown choice {values[key]!r}; "
-                              f"choose one of {sorted(table)}")
+                              f"choose one of {sorted(table)}{preset}")
 
 
 def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:

@@ -351,10 +351,63 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
-def _unknown(key: str) -> ConfigError:
+# Names that users bring from TRL's GRPOConfig and transformers' TrainingArguments, and what each
+# is here: the key that holds the same setting, or why no key does. They stay unknown keys (the
+# config is strict); the error says the right name instead of the nearest spelling.
+_PER_STEP = ("a step samples prompts_per_step prompts with group_size completions each, so set "
+             "those two (micro_batch_size or micro_batch_tokens split the step's passes)")
+FOREIGN_KEYS = {
+    "learning_rate": "lr", "num_generations": "group_size", "max_completion_length": "max_new_tokens",
+    "max_steps": "steps", "lr_scheduler_type": "lr_schedule", "logging_steps": "log_every",
+    "save_steps": "save_every", "save_total_limit": "keep_last", "eval_steps": "eval_every",
+    "model_name_or_path": "model", "dataset_name": "dataset", "dataset_train_split": "dataset_split",
+    "dataset_test_split": "eval_split", "reward_funcs": "rewards", "torch_dtype": "dtype",
+    "mask_truncated_completions": "mask_truncated", "ref_model_sync_steps": "ref_reset_every",
+    "ref_model_mixup_alpha": "ref_update_rate", "epsilon_low": "epsilon", "target_modules":
+    "lora_target_modules",
+    "num_train_epochs": "has no equivalent here: steps counts GRPO steps of prompts_per_step "
+                        "prompts each (an epoch of the dataset is its rows / prompts_per_step steps)",
+    "per_device_train_batch_size": f"has no single equivalent here: {_PER_STEP}",
+    "gradient_accumulation_steps": f"has no equivalent here: {_PER_STEP}, and a step's gradients "
+                                   "are summed over its passes before its one optimizer step",
+    "generation_batch_size": f"has no equivalent here: {_PER_STEP}",
+    "per_device_eval_batch_size": "has no equivalent here: evaluation batches itself; eval_size "
+                                  "sets how many held-out prompts are scored",
+    "max_prompt_length": "has no equivalent here: prompts are never truncated; long_prompts=skip "
+                         "leaves out those that do not fit the model's context",
+    "warmup_ratio": "has no equivalent here: warmup_steps counts steps",
+    "use_vllm": "has no equivalent here: set sampler=vllm",
+    "bf16": "has no equivalent here: set mixed_precision=bf16 (or dtype=bfloat16)",
+    "use_peft": "has no equivalent here: set lora_r=N (N > 0 trains a LoRA adapter)",
+    "scale_rewards": "has no equivalent here: advantage=group_norm scales by the group's std, "
+                     "group_mean (Dr. GRPO) does not",
+    "sync_ref_model": "has no equivalent here: ref_reset_every=N refreshes the reference every N "
+                      "steps (ref_update_rate sets how far)",
+}
+
+
+def _explain_unknown(key: str) -> str:
+    """What an unknown key most likely meant: a key's other name, a section, or the nearest key."""
+    if key in FOREIGN_KEYS:
+        known = FOREIGN_KEYS[key]
+        return f"it is called '{known}' here" if known in KEYS else f"it {known}"
+    sections = {cls.__name__.removesuffix("Config").lower() for cls in SECTIONS} - set(KEYS)
+    if key in sections:
+        return ("it is a section name, not a key: keys are flat, so write `group_size: 8`, not "
+                "`sampling: {group_size: 8}`")
     near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.0)
-    return ConfigError(f"unknown config key '{key}'; the nearest valid key is '{near[0]}' "
-                       "(`grpo train --help` lists them all)")
+    return f"the nearest valid key is '{near[0]}'"
+
+
+def unknown_keys_error(keys: list[str]) -> ConfigError:
+    """One error for every unknown key, each with what it most likely meant."""
+    if len(keys) == 1:
+        what = _explain_unknown(keys[0])
+        sep = "; " if what.startswith("the nearest") else ": "
+        return ConfigError(f"unknown config key '{keys[0]}'{sep}{what} "
+                           "(`grpo train --help` lists them all)")
+    parts = "; ".join(f"'{k}': {_explain_unknown(k)}" for k in keys)
+    return ConfigError(f"{len(keys)} unknown config keys: {parts}. `grpo train --help` lists them all")
 
 
 def _coerce(key: str, value, hint):
@@ -428,9 +481,9 @@ def load_yaml(path: str | Path) -> dict:
 def build_config(values: dict | None = None) -> TrainConfig:
     """Defaults, then the `algorithm` preset, then `values`; every key and type is checked."""
     values = dict(values or {})
-    for key in values:
-        if key not in KEYS:
-            raise _unknown(key)
+    unknown = [key for key in values if key not in KEYS]
+    if unknown:
+        raise unknown_keys_error(unknown)
     algorithm = values.get("algorithm", RunConfig.algorithm)
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"config key 'algorithm': unknown preset {algorithm!r}; "
