@@ -153,8 +153,30 @@ def test_names_from_trl_and_transformers_point_at_keys_that_exist():
         assert same in KEYS                                 # TRL's name is ours: nothing to map
 
 
+def test_a_dataset_turns_the_demo_cold_start_off_unless_it_is_set():
+    assert build_config({}).run.sft_steps == 10
+    assert build_config({"dataset": "mine.jsonl"}).run.sft_steps == 0
+    assert build_config({"dataset": "mine.jsonl", "sft_steps": 5}).run.sft_steps == 5
+
+
 def test_a_preset_name_given_as_a_loss_type_names_the_preset():
     from grpo.build import check_choices
     with pytest.raises(ConfigError, match=r"config key 'loss_type': unknown choice 'dr_grpo'; choose one "
                                           r"of .* \('dr_grpo' is a preset here: algorithm=dr_grpo"):
         check_choices(build_config({"loss_type": "dr_grpo"}))
+
+
+def test_the_demo_lr_on_a_large_model_is_noted_at_start():
+    import torch
+    from grpo.build import check_lr
+
+    class Big:   # 30M parameters that take no memory
+        def parameters(self):
+            return [torch.empty(30_000_000, device="meta")]
+
+    lines = []
+    check_lr(build_config({}), Big(), lines.append)
+    check_lr(build_config({"lr": 1e-6}), Big(), lines.append)             # chosen: no note
+    assert lines == ["lr=0.0005 is the demo's default, for its tiny model trained from scratch; this "
+                     "model has 30M parameters: a pretrained model wants about lr=1e-6 "
+                     "(docs/guides/troubleshooting.md)"]

@@ -151,6 +151,48 @@ def test_with_an_environment_and_no_rewards_the_environment_reward_is_the_only_o
 
 # ---- 4. Defaults that fit a user's data ---------------------------------------------------------------
 
+def test_a_dataset_without_completions_trains_with_the_cold_start_off(tiny_model_dir, tmp_path):
+    # before: the demo's sft_steps=10 stopped the run asking for a `completion` column
+    path = gsm8k(tmp_path)
+    config = load_config(None, [f"model={tiny_model_dir}", f"dataset={path}", *SMALL[1:],
+                                f"output_dir={tmp_path / 'run'}"])
+    assert config.run.sft_steps == 0
+    lines = []
+    train(config, log=lines.append)
+    assert ("cold start: off (sft_steps=0, the default with dataset=); it has no 'completion' column "
+            "to imitate") in lines
+    # asked for explicitly, a cold start with nothing to imitate is refused
+    explicit = load_config(None, [f"model={tiny_model_dir}", f"dataset={path}", "sft_steps=5", *SMALL[1:],
+                                  f"output_dir={tmp_path / 'run2'}"])
+    with pytest.raises(ConfigError, match=r"config key 'sft_steps' asks for a cold start, but the dataset "
+                                          r".*test.jsonl has no 'completion' column"):
+        train(explicit, log=lambda line: None)
+
+
+def test_limits_that_cut_most_answers_or_skip_most_prompts_are_said_with_the_key(tiny_model_dir, tmp_path):
+    path = gsm8k(tmp_path)
+    lines = []
+    train(load_config(None, [f"model={tiny_model_dir}", f"dataset={path}", *SMALL,
+                             f"output_dir={tmp_path / 'run'}"]), log=lines.append)
+    cut = [line for line in lines if "cuts most answers" in line]
+    assert len(cut) == 1 and cut[0].startswith("max_new_tokens=4 cuts most answers: 6 of 6 reference "
+                                               "answers ('answer' column of ")
+    assert cut[0].endswith("tokens); raise max_new_tokens")
+    # prompts the context cannot hold: the error counts them all, skip says when it is most
+    rows = [{"question": "9" * 600, "answer": "1"}] * 3 + [{"question": "1+1", "answer": "2"}]
+    long = write_jsonl(tmp_path / "long.jsonl", rows)
+    values = [f"model={tiny_model_dir}", f"dataset={long}", *SMALL]
+    with pytest.raises(Exception, match=r"long.jsonl row \d: the prompt has 60\d tokens; .* context of 512 "
+                                        r"\(3 of 4 prompts do\).*long_prompts=skip"):
+        train(load_config(None, values + [f"output_dir={tmp_path / 'r2'}"]), log=lambda line: None)
+    lines = []
+    train(load_config(None, values + ["long_prompts=skip", f"output_dir={tmp_path / 'r3'}"]),
+          log=lines.append)
+    assert any(line.startswith("long_prompts=skip: left out 3 of 4 train prompts longer than 508 tokens: "
+                               f"most of {long}; a model with a longer context, or a lower max_new_tokens")
+               for line in lines), lines
+
+
 TYPOS = """\
 learning_rate: 1.0e-5
 num_generations: 4

@@ -400,28 +400,82 @@ def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
 def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
                 log=print) -> None:
     """Rows whose templated prompt plus `max_new_tokens` exceed the model's context: an error
-    naming the first (long_prompts=error) or left out and counted (skip). Never truncated."""
+    naming the first and counting them all (long_prompts=error), or left out and counted (skip),
+    said louder when that is most of them. Never truncated. Then `check_answer_lengths`."""
+    check_answer_lengths(config, tokenizer, data, log)
     if not context:
         return
     limit = context - config.sampling.max_new_tokens
-    where = config.data.dataset or f"task {config.data.task}"
+    fix = (f"a model with a longer context, or a lower max_new_tokens (now "
+           f"{config.sampling.max_new_tokens}), fits more")
     for name in ("train_rows", "eval_rows"):
-        rows = getattr(data, name)
-        kept = []
+        rows, where = getattr(data, name), source_of(config, name)
         lengths = [len(ids) for ids in tokenizer(prompt_texts(config, tokenizer, rows),
                                                  add_special_tokens=False).input_ids] if rows else []
-        for i, (row, n) in enumerate(zip(rows, lengths)):
-            if n <= limit:
-                kept.append(row)
-            elif config.data.long_prompts == "error":
-                number = row.get("_row", i) + 1
-                raise DataError(f"{where} row {number}: the prompt has {n} tokens; with max_new_tokens="
-                                f"{config.sampling.max_new_tokens} it exceeds the model's context of "
-                                f"{context}. Shorten it, lower max_new_tokens, or set long_prompts=skip")
+        too_long = [i for i, n in enumerate(lengths) if n > limit]
+        if too_long and config.data.long_prompts == "error":
+            first = too_long[0]
+            raise DataError(f"{where} row {rows[first].get('_row', first) + 1}: the prompt has "
+                            f"{lengths[first]} tokens; with max_new_tokens="
+                            f"{config.sampling.max_new_tokens} it exceeds the model's context of "
+                            f"{context} ({len(too_long)} of {len(rows)} prompts do). Shorten it, lower "
+                            "max_new_tokens, or set long_prompts=skip")
+        kept = [row for row, n in zip(rows, lengths) if n <= limit]
         if len(kept) < len(rows):
             data.skipped_long_prompts += len(rows) - len(kept)
+            most = f": most of {where}; {fix}" if len(kept) < len(rows) / 2 else ""
             log(f"long_prompts=skip: left out {len(rows) - len(kept)} of {len(rows)} "
-                f"{name.replace('_rows', '')} prompts longer than {limit} tokens")
+                f"{name.replace('_rows', '')} prompts longer than {limit} tokens{most}")
         setattr(data, name, kept)
     if not data.train_rows:
-        raise DataError(f"{where}: every prompt is longer than {limit} tokens; nothing to train on")
+        raise DataError(f"{source_of(config, 'train_rows')}: every prompt is longer than {limit} "
+                        f"tokens; nothing to train on: {fix}")
+
+
+def source_of(config: TrainConfig, rows: str) -> str:
+    """Where a set of rows came from, as errors name it: the file, or the built-in task."""
+    d = config.data
+    if rows == "eval_rows" and d.eval_dataset:
+        return d.eval_dataset
+    return d.dataset or f"task {d.task}"
+
+
+# A row's reference answer, the first of these columns it has: a demonstration, HumanEval's
+# canonical solution, the gold answer (GSM8K's worked solution; MATH's `solution` arrives as it).
+REFERENCE_COLUMNS = ("completion", "canonical_solution", "answer")
+LENGTH_SAMPLE = 1000    # rows whose reference is tokenized for the check
+
+
+def check_answer_lengths(config: TrainConfig, tokenizer, data: Data, log) -> None:
+    """Said at start when most reference answers are longer than a completion may be: they would
+    all be cut at max_new_tokens (turn_tokens in multi-turn runs), so the key to raise is named."""
+    key = "turn_tokens" if data.agent is not None and config.agent.turn_tokens else "max_new_tokens"
+    budget = config.agent.turn_tokens if key == "turn_tokens" else config.sampling.max_new_tokens
+    for name in ("train_rows", "eval_rows"):
+        rows = getattr(data, name)[:LENGTH_SAMPLE]
+        column = next((c for c in REFERENCE_COLUMNS if any(r.get(c) is not None for r in rows)), None)
+        texts = [str(r[column]) for r in rows if column and r.get(column) is not None]
+        if not texts:
+            continue
+        lengths = sorted(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
+        longer = sum(n > budget for n in lengths)
+        if longer > len(lengths) / 2:
+            log(f"{key}={budget} cuts most answers: {longer} of {len(lengths)} reference answers "
+                f"('{column}' column of {source_of(config, name)}) are longer (median "
+                f"{lengths[len(lengths) // 2]} tokens); raise {key}")
+
+
+# pretrained models past this many parameters meet the demo's lr with a note
+LR_NOTE_PARAMETERS = 20_000_000
+
+
+def check_lr(config: TrainConfig, policy, log) -> None:
+    """A note at start when the demo's default lr meets a model much larger than the demo's."""
+    if config.optim.lr != OptimConfig.lr:
+        return
+    n = sum(p.numel() for p in policy.parameters())
+    if n > LR_NOTE_PARAMETERS:
+        lora = ", or 1e-5 for a LoRA adapter" if config.model.lora_r else ""
+        log(f"lr={config.optim.lr:g} is the demo's default, for its tiny model trained from scratch; "
+            f"this model has {n / 1e6:.0f}M parameters: a pretrained model wants about lr=1e-6"
+            f"{lora} (docs/guides/troubleshooting.md)")

@@ -85,7 +85,8 @@ class DataConfig:
     """System message placed before each prompt when a chat template is used."""
     long_prompts: str = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context: `error` stops at load
-    naming the row; `skip` leaves such rows out and counts them. Prompts are never truncated."""
+    naming the row and counting them all; `skip` leaves such rows out and counts them (said louder
+    when that is most of them). Prompts are never truncated."""
     eval_size: int = 200
     """Number of held-out prompts scored at each evaluation."""
 
@@ -140,7 +141,9 @@ class SamplingConfig:
     prompts_per_step: int = 16
     """B: prompts per step; a step samples B*G completions."""
     max_new_tokens: int = 8
-    """Longest completion in tokens; longer ones are cut and counted in `completion/truncated_frac`."""
+    """Longest completion in tokens; longer ones are cut and counted in `completion/truncated_frac`.
+    The run says at start when most of the data's reference answers (its `completion`,
+    `canonical_solution` or `answer` column) are longer."""
     temperature: float = 1.0
     """Sampling temperature for the group (evaluation is greedy)."""
     top_p: float = 1.0
@@ -224,7 +227,10 @@ class LossConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = 5e-4
-    """AdamW learning rate after warmup (the demo's tiny model; pretrained models want about 1e-6)."""
+    """AdamW learning rate after warmup. The default is the demo's, for its tiny model trained
+    from scratch; a pretrained model wants about 1e-6 (a run with this default on a model of over
+    20M parameters says so at start), and a run whose entropy collapses says so in its progress
+    line (docs/guides/troubleshooting.md)."""
     lr_schedule: str = "constant"
     """After warmup: `constant` or `cosine` (decays to 0 at the last step)."""
     warmup_steps: int = 0
@@ -264,7 +270,9 @@ class RunConfig:
     steps: int = 300
     """GRPO steps (each: sample, score, normalize, mu updates)."""
     sft_steps: int = 10
-    """Cold-start supervised steps on the task's demonstrations before GRPO; 0 skips it."""
+    """Cold-start supervised steps on the task's demonstrations (a dataset's `completion` column)
+    before GRPO; 0 skips it. With `dataset` it is 0 unless set: the demo's 10 steps are for the
+    built-in tasks."""
     sft_lr: float = 1e-3
     """Learning rate of the cold-start supervised steps."""
     sft_batch_size: int = 32
@@ -507,8 +515,14 @@ def implied_keys(merged: dict, explicit: set[str]) -> dict:
     so unless `epsilon` is set explicitly it becomes 1.0, a lower bound of 1 - 1 = 0 that no ratio
     falls below: the weight is min(ratio, 1 + epsilon_high). An `epsilon_high` of 0 ("equal to
     epsilon") is resolved first, so the upper bound stays where it was.
+
+    dataset=FILE: `sft_steps` becomes 0. The demo's cold start imitates a built-in task's
+    demonstrations at the demo's `sft_lr`; a user's data has its own (a `completion` column, or
+    none), and a cold start on it is asked for with sft_steps=N.
     """
     out = {}
+    if merged.get("dataset") and "sft_steps" not in explicit:
+        out["sft_steps"] = 0
     if merged.get("loss_type") == "cispo" and "epsilon" not in explicit:
         epsilon = merged.get("epsilon", LossConfig.epsilon)
         if not merged.get("epsilon_high", LossConfig.epsilon_high):
