@@ -230,6 +230,7 @@ def bad_model_dirs(tmp_path, tiny_model_dir):
     (tmp_path / "lora").mkdir()
     (tmp_path / "lora" / "adapter_config.json").write_text("{}")
     (tmp_path / "lora" / "adapter_model.safetensors").write_text("")
+    shutil.copytree(tmp_path / "lora", tmp_path / "lora_run" / "final")   # a LoRA run's directory
     (tmp_path / "no_weights").mkdir()
     shutil.copy(tiny_model_dir / "config.json", tmp_path / "no_weights")
     shutil.copytree(tiny_model_dir, tmp_path / "no_tokenizer")
@@ -243,6 +244,7 @@ def bad_model_dirs(tmp_path, tiny_model_dir):
         "stopped": r"a run directory without final/ .*model=.*stopped/checkpoints/step-N, or continue "
                    r"the run with resume=auto",
         "lora": "a LoRA adapter, not a whole model",
+        "lora_run": "a LoRA adapter, not a whole model",
         "no_weights": r"config.json but no weights \(model.safetensors\)",
         "no_tokenizer": "no tokenizer files",
         "model.safetensors": "a file, not a model directory",
@@ -256,7 +258,8 @@ def test_every_model_path_mistake_is_one_line_naming_the_key_and_the_path(tiny_m
         status, _, err = run_cli(capsys, "eval", f"model={tmp_path / name}", "eval_size=2")
         assert status == 2, name
         last = err.strip().splitlines()[-1]
-        assert last.startswith(f"grpo eval: error: config key 'model': cannot load '{tmp_path / name}': "), last
+        shown = tmp_path / name / ("final" if name == "lora_run" else "")   # its final/ is named
+        assert last.startswith(f"grpo eval: error: config key 'model': cannot load '{shown}': "), last
         assert re.search(why, last), (name, last)
         assert "sentencepiece" not in err and "tiktoken" not in err and "Traceback" not in err
 

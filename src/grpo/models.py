@@ -108,8 +108,9 @@ def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | Non
     files = sorted(p.name for p in path.iterdir())
     if "config.json" not in files:
         final = path / "final"
-        if runs and (final / "config.json").is_file():
-            return str(final), f"{key}={name} is a run directory: loading its final model, {final}"
+        if runs and final.is_dir():    # a run directory: its final/ is checked as a model itself
+            loaded, _ = model_source(key, str(final), runs=False)
+            return loaded, f"{key}={name} is a run directory: loading its final model, {final}"
         if runs and (path / "checkpoints").is_dir():
             raise refuse(f"a run directory without final/ (the run stopped before its end); give "
                          f"one of its checkpoints, {key}={path / 'checkpoints'}/step-N, or continue "
