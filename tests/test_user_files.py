@@ -279,3 +279,12 @@ def test_a_reward_model_path_that_is_not_a_model_names_the_rewards_key(tmp_path)
     with pytest.raises(ConfigError, match=rf"config key 'rewards': cannot load '{tmp_path / 'rm'}': an "
                                           r"empty directory.*\(the reward model model:"):
         load_data(load_config(None, [f"rewards=[model:{tmp_path / 'rm'}]"]))
+
+
+def test_grpo_sft_on_a_dataset_asks_for_sft_steps(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "say a:", "completion": "aaa"}])
+    status, _, err = run_cli(capsys, "sft", "dataset=pairs.jsonl")
+    assert status == 2
+    assert err.strip() == ("grpo sft: error: config key 'sft_steps' is 0 (with dataset= unless set): "
+                           "nothing to tune; set sft_steps=N")
