@@ -128,3 +128,55 @@ def test_cispo_resolves_epsilon_to_no_lower_bound_unless_it_is_set():
     # a preset's epsilon is not the user's
     assert build_config({"algorithm": "gspo", "loss_type": "cispo"}).loss.epsilon == 1.0
     assert build_config({"loss_type": "clip"}).loss.epsilon == 0.2   # other losses keep theirs
+
+
+def test_every_unknown_key_is_in_one_error_with_what_it_most_likely_meant():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["learning_rate=1e-5", "gruop_size=4", "num_train_epochs=3"])
+    assert str(e.value) == (
+        "3 unknown config keys: 'learning_rate': it is called 'lr' here; 'gruop_size': the nearest "
+        "valid key is 'group_size'; 'num_train_epochs': it has no equivalent here: steps counts GRPO "
+        "steps of prompts_per_step prompts each (an epoch of the dataset is its rows / "
+        "prompts_per_step steps). `grpo train --help` lists them all")
+    # before: "the nearest valid key is 'eval_temperature'"
+    with pytest.raises(ConfigError, match=r"^unknown config key 'learning_rate': it is called 'lr' here"):
+        load_config(None, ["learning_rate=1e-5"])
+
+
+def test_names_from_trl_and_transformers_point_at_keys_that_exist():
+    from grpo.config import FOREIGN_KEYS
+    for name, meaning in FOREIGN_KEYS.items():
+        assert name not in KEYS, name                       # a key of ours is never refused
+        assert meaning in KEYS or meaning.startswith("has no"), (name, meaning)
+    for same in ("beta", "epsilon", "epsilon_high", "num_iterations", "temperature", "top_p", "seed",
+                 "output_dir", "max_grad_norm", "weight_decay", "warmup_steps", "report_to"):
+        assert same in KEYS                                 # TRL's name is ours: nothing to map
+
+
+def test_a_dataset_turns_the_demo_cold_start_off_unless_it_is_set():
+    assert build_config({}).run.sft_steps == 10
+    assert build_config({"dataset": "mine.jsonl"}).run.sft_steps == 0
+    assert build_config({"dataset": "mine.jsonl", "sft_steps": 5}).run.sft_steps == 5
+
+
+def test_a_preset_name_given_as_a_loss_type_names_the_preset():
+    from grpo.build import check_choices
+    with pytest.raises(ConfigError, match=r"config key 'loss_type': unknown choice 'dr_grpo'; choose one "
+                                          r"of .* \('dr_grpo' is a preset here: algorithm=dr_grpo"):
+        check_choices(build_config({"loss_type": "dr_grpo"}))
+
+
+def test_the_demo_lr_on_a_large_model_is_noted_at_start():
+    import torch
+    from grpo.build import check_lr
+
+    class Big:   # 30M parameters that take no memory
+        def parameters(self):
+            return [torch.empty(30_000_000, device="meta")]
+
+    lines = []
+    check_lr(build_config({}), Big(), lines.append)
+    check_lr(build_config({"lr": 1e-6}), Big(), lines.append)             # chosen: no note
+    assert lines == ["lr=0.0005 is the demo's default, for its tiny model trained from scratch; this "
+                     "model has 30M parameters: a pretrained model wants about lr=1e-6 "
+                     "(docs/guides/troubleshooting.md)"]

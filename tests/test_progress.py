@@ -43,3 +43,33 @@ def test_a_terminal_gets_a_bar_with_the_time_left_and_the_lines():
 def test_eta_is_the_mean_rate_times_what_is_left():
     assert eta(30.0, 3, 10) == "1m10s"               # 10 s a unit, 7 units left
     assert eta(5.0, 10, 10) == "0m00s"
+
+
+def test_the_runaway_note_by_hand():
+    from grpo.metrics import RunawayWatch
+    watch = RunawayWatch()
+    # entropies of the tiny model at lr=5e-3 after a cold start: 0.70, 0.573, 0.376, then 0.205,
+    # 0.205 / mean(0.70, 0.573, 0.376) = 0.205 / 0.5497 = 0.373 < 0.5: the fourth step is noted
+    notes = [watch.note({"entropy": e, "kl": k}) for e, k in
+             [(0.70, 0.0), (0.573, 0.05), (0.376, 0.2), (0.205, 0.3)]]
+    assert notes[:3] == ["", "", ""]
+    assert notes[3] == "  [entropy 0.205, under half of the last 3 steps' 0.550: collapsing, lower lr]"
+    # a mean of 1.0 over the last three and 0.5 now is not under half; kl 1.31 is above 1
+    watch = RunawayWatch()
+    for e in (1.0, 1.0, 1.0):
+        watch.note({"entropy": e, "kl": 0.0})
+    assert watch.note({"entropy": 0.5, "kl": 1.31}) == \
+        "  [kl 1.31 above 1: far from the reference; if reward falls, lower lr]"
+
+
+def test_a_run_whose_entropy_collapses_says_so_in_its_progress_line(tiny_model_dir, tmp_path):
+    def run(lr):
+        lines = []
+        train(build_config({"model": str(tiny_model_dir), "sft_steps": 30, "sft_lr": 1e-2, "steps": 6,
+                            "lr": lr, "prompts_per_step": 4, "group_size": 4, "eval_every": 0,
+                            "save_every": 0, "threads": 1, "output_dir": str(tmp_path / str(lr))}),
+              log=lines.append, write_files=False)
+        return [line for line in lines if line.startswith("step ")]
+    calm, runaway = run(5e-4), run(1e-2)
+    assert not any("collapsing" in line for line in calm)
+    assert "collapsing, lower lr]" in runaway[-1] and runaway[-1].endswith(" left")

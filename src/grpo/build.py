@@ -16,10 +16,11 @@ from typing import Callable
 import torch
 
 from grpo.advantages import ADVANTAGES
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import Columns, DataError, format_prompt, load_rows
-from grpo.models import build_tiny, load_policy, load_tokenizer
+from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
+from grpo.progress import to_stderr
 from grpo.reward_sources import RewardModel, RewardServer
 from grpo.rewards.code import CodeTests, CodeTestsError, spec_from_row
 from grpo.rewards.sandbox import Limits
@@ -52,11 +53,14 @@ class Data:
     eval_rows: list[dict]
     reward_fns: list[RewardFn]
     reward_weights: list[float]
-    accuracy_fn: RewardFn                       # scores held-out answers for `eval/accuracy`
+    accuracy_fn: RewardFn | None                # scores held-out answers for `eval/accuracy`;
+                                                # None: the environment's episode reward
     # for the cold start: (prompt, context after it that is not imitated, completion to imitate)
     demonstrations: list[tuple[str, str, str]] = field(default_factory=list)
     skipped_long_prompts: int = 0               # rows left out by long_prompts=skip
     agent: Agent | None = None                  # tools and/or an environment: episodes
+    reward_uses: list = field(default_factory=list)   # [RewardUse]: each term and its source
+    accuracy_source: str = ""                   # what eval/accuracy is scored with, and why
 
 
 def seed_everything(seed: int) -> None:
@@ -78,20 +82,39 @@ def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
     if name.startswith(("http://", "https://")):
         return RewardServer(name)
     if name.startswith("model:"):
-        return RewardModel(name.removeprefix("model:"))
+        path = name.removeprefix("model:")
+        try:
+            path, _ = model_source("rewards", path, runs=False)
+            return RewardModel(path)
+        except ModelError as e:
+            raise ConfigError(f"{e} (the reward model {name})") from None
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"config key 'rewards': cannot load the reward model {name}: "
+                              f"{_first_line(e)}") from None
     return get_reward(name)
 
 
-def check_golds(path: str, rows: list[dict], column: str = "answer") -> None:
-    """Parse every gold answer once, at load; one that holds no value is an error naming its row."""
+def _first_line(error: Exception, limit: int = 300) -> str:
+    """A library's error, cut to its first line: the rest is advice about other setups."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def check_golds(path: str, rows: list[dict], column: str = "answer", key: str = "dataset") -> None:
+    """Parse every gold answer once, at load; one that holds no value is an error naming its row.
+    Held-out rows (`key` eval_dataset) are checked when eval/accuracy is math_accuracy."""
+    why = ("which math_accuracy compares with" if key == "dataset" else
+           "which eval/accuracy compares with (math_accuracy, for rows from a file; code scores "
+           "with rewards=[code_tests])")
     for row in rows:
         if row["answer"] is None:
-            raise DataError(f"{path} row {row['_row'] + 1}: no value in the answer column '{column}', "
-                            "which math_accuracy compares with; set answer_column=NAME or choose "
-                            "rewards that need no answer")
+            raise DataError(f"config key '{key}': {path} row {row['_row'] + 1}: no value in the answer "
+                            f"column '{column}', {why}; set answer_column=NAME or choose rewards that "
+                            "need no answer")
         if not parsed_gold(row["answer"]):
-            raise DataError(f"{path} row {row['_row'] + 1}: answer {str(row['answer'])[:80]!r} holds no "
-                            "value math_accuracy can compare with; fix the row or drop it")
+            raise DataError(f"config key '{key}': {path} row {row['_row'] + 1}: answer "
+                            f"{str(row['answer'])[:80]!r} holds no value math_accuracy can compare "
+                            "with; fix the row or drop it")
 
 
 def check_code_tests(path: str, rows: list[dict]) -> None:
@@ -110,8 +133,10 @@ def check_choices(config: TrainConfig) -> None:
     values = config.flat()
     for key, table in tables.items():
         if values[key] not in table:
+            preset = (f" ({values[key]!r} is a preset here: algorithm={values[key]} sets this key "
+                      "and its companions)" if values[key] in ALGORITHMS else "")
             raise ConfigError(f"config key '{key}': unknown choice {values[key]!r}; "
-                              f"choose one of {sorted(table)}")
+                              f"choose one of {sorted(table)}{preset}")
 
 
 def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:
@@ -123,15 +148,24 @@ def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:
     return name
 
 
-def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None):
-    path = resolve_model(config, run_dir)
+def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None,
+                             log: Callable[[str], None] = to_stderr):
+    """The policy and its tokenizer from `model`; every failure to load is one line naming the
+    key and the path (models.model_source checks the directory first)."""
+    try:
+        path, note = model_source("model", resolve_model(config, run_dir))
+    except ModelError as e:
+        raise ConfigError(str(e)) from None
+    if note:
+        log(note)
     try:
         tokenizer = load_tokenizer(path, config.model.chat_template)
         policy = load_policy(path, config.model.dtype)
-    except OSError as e:
-        raise ConfigError(f"config key 'model': cannot load {path!r}: {str(e).splitlines()[0]}") from None
-    except ValueError as e:
+    except ModelError as e:         # the tokenizer's own checks: EOS, chat template
         raise ConfigError(str(e)) from None
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        where = "" if Path(path).is_dir() else " (no directory here, so it was read as a hub name)"
+        raise ConfigError(f"config key 'model': cannot load '{path}'{where}: {_first_line(e)}") from None
     if torch.cuda.is_available():   # this process's GPU under torchrun (LOCAL_RANK), else the first
         policy = policy.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
     if config.optim.gradient_checkpointing:
@@ -177,49 +211,135 @@ def add_lora(policy, config: TrainConfig):
     return get_peft_model(policy, lora)
 
 
+@dataclass(frozen=True)
+class RewardUse:
+    """One term of the reward a run optimizes, its weight, and where it came from."""
+    name: str
+    weight: float
+    source: str
+
+
+def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str) -> list[dict]:
+    """The rows of the file or dataset a key names; a load error names the key too."""
+    try:
+        return load_rows(path, columns, config_name, split)
+    except DataError as e:
+        raise DataError(f"config key '{key}': {e}") from None
+
+
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
               check_golds_now: bool = True, tools: list | None = None,
-              environment: Callable[[], object] | None = None) -> Data:
-    """Rows, reward functions and demonstrations from the task or the dataset file. Golds are
-    checked at load for GRPO; cold-start-only use (`grpo sft`) needs none."""
+              environment: Callable[[], object] | None = None,
+              log: Callable[[str], None] | None = None) -> Data:
+    """Rows, reward functions and demonstrations from the task or the dataset file, and the
+    held-out rows from `eval_dataset` whenever it is set. Golds are checked at load for GRPO;
+    cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses."""
     d = config.data
+    columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column)
+    task = None
     if d.dataset:
-        columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column)
-        train_rows = load_rows(d.dataset, columns, d.dataset_config, d.dataset_split)
-        eval_rows = (load_rows(d.eval_dataset, columns, d.dataset_config, d.eval_split)
-                     if d.eval_dataset else [])
+        train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split)
         random.Random(config.run.seed).shuffle(train_rows)
-        default_rewards, accuracy_fn = ["math_accuracy"], math_accuracy
         demonstrations = [(r["prompt"], "", str(r["completion"])) for r in train_rows
                           if "completion" in r]
     else:
         task = get_task(d.task)
-        train_rows, eval_rows = task.train_rows(config.run.seed), task.eval_rows()
-        default_rewards, accuracy_fn = task.rewards, get_reward(task.rewards[0])
+        train_rows = task.train_rows(config.run.seed)
         demonstrations = []
         for r in train_rows:
             shown = task.demonstration(r)    # a completion, or (context, completion) turns
             turns = [("", shown)] if isinstance(shown, str) else shown
             demonstrations += [(r["prompt"], context, target) for context, target in turns]
-    if reward_fns is None:
-        names = config.reward.rewards or default_rewards
-        reward_fns = [resolve_reward(n, config) for n in names]
-    if d.dataset and check_golds_now and math_accuracy in reward_fns:
+    if d.eval_dataset:
+        eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split)
+    else:
+        eval_rows = task.eval_rows() if task is not None else []
+    eval_rows = eval_rows[: d.eval_size]
+    env_name = config.agent.environment or (reward_name(environment) if environment else "")
+    reward_fns, uses = choose_rewards(config, reward_fns, task, env_name)
+    accuracy_fn, accuracy_source = choose_accuracy(config, reward_fns, task, env_name)
+    if check_golds_now and d.dataset and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows, d.answer_column)
-    if d.dataset and any(reward_name(fn) == "code_tests" for fn in reward_fns):
+    if check_golds_now and d.eval_dataset and accuracy_fn is math_accuracy:
+        check_golds(d.eval_dataset, eval_rows, d.answer_column, key="eval_dataset")
+    if any(reward_name(fn) == "code_tests" for fn in reward_fns):
         for path, rows in ((d.dataset, train_rows), (d.eval_dataset, eval_rows)):
-            check_code_tests(path, rows)
-    if d.dataset and reward_name(reward_fns[0]) == "code_tests":
-        accuracy_fn = reward_fns[0]
-    weights = list(config.reward.reward_weights) or [1.0] * len(reward_fns)
-    if len(weights) != len(reward_fns):
-        raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
-                          f"{len(reward_fns)} reward functions")
-    agent = load_agent(config, [] if d.dataset else list(getattr(task, "tools", [])), tools,
+            if path:
+                check_code_tests(path, rows)
+    weights = [u.weight for u in uses[: len(reward_fns)]]
+    agent = load_agent(config, list(getattr(task, "tools", [])) if task is not None else [], tools,
                        environment)
     _AGENTS[id(config)] = (config, agent)
-    return Data(train_rows, eval_rows[: d.eval_size], reward_fns, weights, accuracy_fn, demonstrations,
-                agent=agent)
+    data = Data(train_rows, eval_rows, reward_fns, weights, accuracy_fn, demonstrations, agent=agent,
+                reward_uses=uses, accuracy_source=accuracy_source)
+    if log is not None:
+        log(reward_line(data))
+    return data
+
+
+def choose_rewards(config: TrainConfig, given: list[RewardFn] | None, task, env_name: str
+                   ) -> tuple[list[RewardFn], list[RewardUse]]:
+    """The reward functions and every term of the reward, each with its source: functions given
+    from Python, else `rewards=`, else (empty) the environment's reward alone, else the dataset
+    default (math_accuracy), else the task's own. The environment's reward is always a term."""
+    r, d = config.reward, config.data
+    if given is not None:
+        names, source = [reward_name(fn) for fn in given], "given to train()"
+    elif r.rewards:
+        names, source = list(r.rewards), "rewards="
+    elif env_name:
+        names, source = [], ""
+    elif d.dataset:
+        names, source = ["math_accuracy"], "the default with dataset=; rewards= chooses others"
+    else:
+        names, source = list(task.rewards), f"task {d.task}'s own reward"
+    fns = list(given) if given is not None else [resolve_reward(n, config) for n in names]
+    weights = list(r.reward_weights) or [1.0] * len(fns)
+    if len(weights) != len(fns):
+        raise ConfigError(f"config key 'reward_weights' has {len(weights)} weights for "
+                          f"{len(fns)} reward functions")
+    uses = [RewardUse(n, w, source) for n, w in zip(names, weights)]
+    if env_name:
+        alone = "" if fns else "; alone, as no rewards= is set"
+        uses.append(RewardUse("environment", 1.0, f"environment {env_name}'s episode reward{alone}"))
+    if config.loss.overlong_buffer > 0:
+        uses.append(RewardUse("overlong", 1.0, f"overlong_buffer={config.loss.overlong_buffer:g}'s "
+                                               "penalty"))
+    if config.loss.kl_in_reward and config.loss.beta > 0:
+        uses.append(RewardUse("kl", -config.loss.beta, "kl_in_reward=true: -beta x the KL"))
+    return fns, uses
+
+
+def choose_accuracy(config: TrainConfig, reward_fns: list[RewardFn], task, env_name: str
+                    ) -> tuple[RewardFn | None, str]:
+    """What `eval/accuracy` scores held-out completions with, and why: code_tests when it is the
+    first reward; the environment's episode reward when it is the only one (None); math_accuracy
+    for rows from a file (`dataset`, `eval_dataset`); else the task's own reward."""
+    if reward_fns and reward_name(reward_fns[0]) == "code_tests":
+        return reward_fns[0], "code_tests, the first of the rewards"
+    if env_name and not reward_fns:
+        return None, f"environment {env_name}'s episode reward"
+    if config.data.dataset or config.data.eval_dataset:
+        return math_accuracy, "math_accuracy, for rows from a file"
+    return get_reward(task.rewards[0]), f"{task.rewards[0]}, task {config.data.task}'s own reward"
+
+
+def reward_line(data: Data) -> str:
+    """The rewards a run uses and where each came from, in one line."""
+    terms = ", ".join(f"{u.name} x{u.weight:g} ({u.source})" for u in data.reward_uses) or "none"
+    return f"rewards: {terms}; eval/accuracy: {accuracy_text(data)}"
+
+
+def accuracy_text(data: Data) -> str:
+    return data.accuracy_source if data.eval_rows else "none (no held-out rows: set eval_dataset=)"
+
+
+def rewards_comment(data: Data) -> str:
+    """config.yaml's head: the same, as YAML comments, so the file still loads as a config."""
+    lines = ["# The reward this run optimized, term by term, and where each came from:"]
+    lines += [f"#   {u.name}  weight {u.weight:g}  ({u.source})" for u in data.reward_uses]
+    lines.append(f"# eval/accuracy: {accuracy_text(data)}")
+    return "\n".join(lines) + "\n"
 
 
 def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | None = None,
@@ -285,28 +405,82 @@ def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
 def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
                 log=print) -> None:
     """Rows whose templated prompt plus `max_new_tokens` exceed the model's context: an error
-    naming the first (long_prompts=error) or left out and counted (skip). Never truncated."""
+    naming the first and counting them all (long_prompts=error), or left out and counted (skip),
+    said louder when that is most of them. Never truncated. Then `check_answer_lengths`."""
+    check_answer_lengths(config, tokenizer, data, log)
     if not context:
         return
     limit = context - config.sampling.max_new_tokens
-    where = config.data.dataset or f"task {config.data.task}"
+    fix = (f"a model with a longer context, or a lower max_new_tokens (now "
+           f"{config.sampling.max_new_tokens}), fits more")
     for name in ("train_rows", "eval_rows"):
-        rows = getattr(data, name)
-        kept = []
+        rows, where = getattr(data, name), source_of(config, name)
         lengths = [len(ids) for ids in tokenizer(prompt_texts(config, tokenizer, rows),
                                                  add_special_tokens=False).input_ids] if rows else []
-        for i, (row, n) in enumerate(zip(rows, lengths)):
-            if n <= limit:
-                kept.append(row)
-            elif config.data.long_prompts == "error":
-                number = row.get("_row", i) + 1
-                raise DataError(f"{where} row {number}: the prompt has {n} tokens; with max_new_tokens="
-                                f"{config.sampling.max_new_tokens} it exceeds the model's context of "
-                                f"{context}. Shorten it, lower max_new_tokens, or set long_prompts=skip")
+        too_long = [i for i, n in enumerate(lengths) if n > limit]
+        if too_long and config.data.long_prompts == "error":
+            first = too_long[0]
+            raise DataError(f"{where} row {rows[first].get('_row', first) + 1}: the prompt has "
+                            f"{lengths[first]} tokens; with max_new_tokens="
+                            f"{config.sampling.max_new_tokens} it exceeds the model's context of "
+                            f"{context} ({len(too_long)} of {len(rows)} prompts do). Shorten it, lower "
+                            "max_new_tokens, or set long_prompts=skip")
+        kept = [row for row, n in zip(rows, lengths) if n <= limit]
         if len(kept) < len(rows):
             data.skipped_long_prompts += len(rows) - len(kept)
+            most = f": most of {where}; {fix}" if len(kept) < len(rows) / 2 else ""
             log(f"long_prompts=skip: left out {len(rows) - len(kept)} of {len(rows)} "
-                f"{name.replace('_rows', '')} prompts longer than {limit} tokens")
+                f"{name.replace('_rows', '')} prompts longer than {limit} tokens{most}")
         setattr(data, name, kept)
     if not data.train_rows:
-        raise DataError(f"{where}: every prompt is longer than {limit} tokens; nothing to train on")
+        raise DataError(f"{source_of(config, 'train_rows')}: every prompt is longer than {limit} "
+                        f"tokens; nothing to train on: {fix}")
+
+
+def source_of(config: TrainConfig, rows: str) -> str:
+    """Where a set of rows came from, as errors name it: the file, or the built-in task."""
+    d = config.data
+    if rows == "eval_rows" and d.eval_dataset:
+        return d.eval_dataset
+    return d.dataset or f"task {d.task}"
+
+
+# A row's reference answer, the first of these columns it has: a demonstration, HumanEval's
+# canonical solution, the gold answer (GSM8K's worked solution; MATH's `solution` arrives as it).
+REFERENCE_COLUMNS = ("completion", "canonical_solution", "answer")
+LENGTH_SAMPLE = 1000    # rows whose reference is tokenized for the check
+
+
+def check_answer_lengths(config: TrainConfig, tokenizer, data: Data, log) -> None:
+    """Said at start when most reference answers are longer than a completion may be: they would
+    all be cut at max_new_tokens (turn_tokens in multi-turn runs), so the key to raise is named."""
+    key = "turn_tokens" if data.agent is not None and config.agent.turn_tokens else "max_new_tokens"
+    budget = config.agent.turn_tokens if key == "turn_tokens" else config.sampling.max_new_tokens
+    for name in ("train_rows", "eval_rows"):
+        rows = getattr(data, name)[:LENGTH_SAMPLE]
+        column = next((c for c in REFERENCE_COLUMNS if any(r.get(c) is not None for r in rows)), None)
+        texts = [str(r[column]) for r in rows if column and r.get(column) is not None]
+        if not texts:
+            continue
+        lengths = sorted(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
+        longer = sum(n > budget for n in lengths)
+        if longer > len(lengths) / 2:
+            log(f"{key}={budget} cuts most answers: {longer} of {len(lengths)} reference answers "
+                f"('{column}' column of {source_of(config, name)}) are longer (median "
+                f"{lengths[len(lengths) // 2]} tokens); raise {key}")
+
+
+# pretrained models past this many parameters meet the demo's lr with a note
+LR_NOTE_PARAMETERS = 20_000_000
+
+
+def check_lr(config: TrainConfig, policy, log) -> None:
+    """A note at start when the demo's default lr meets a model much larger than the demo's."""
+    if config.optim.lr != OptimConfig.lr:
+        return
+    n = sum(p.numel() for p in policy.parameters())
+    if n > LR_NOTE_PARAMETERS:
+        lora = ", or 1e-5 for a LoRA adapter" if config.model.lora_r else ""
+        log(f"lr={config.optim.lr:g} is the demo's default, for its tiny model trained from scratch; "
+            f"this model has {n / 1e6:.0f}M parameters: a pretrained model wants about lr=1e-6"
+            f"{lora} (docs/guides/troubleshooting.md)")

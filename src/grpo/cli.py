@@ -61,7 +61,8 @@ def cmd_sft(args: list[str]) -> None:
     from pathlib import Path
     config = _config(args)
     if not config.run.sft_steps:
-        raise build.ConfigError("config key 'sft_steps' is 0: nothing to tune")
+        raise build.ConfigError("config key 'sft_steps' is 0 (with dataset= unless set): nothing to "
+                                "tune; set sft_steps=N")
     run_dir = Path(config.run.output_dir)
     data = build.load_data(config, check_golds_now=False)
     policy, tokenizer = build.load_model_and_tokenizer(config, run_dir)
@@ -78,7 +79,7 @@ def cmd_eval(args: list[str]) -> None:
     from grpo.progress import Progress, to_stderr
     from grpo.sampling import HFSampler
     config = _config(args)
-    data = build.load_data(config)
+    data = build.load_data(config, log=to_stderr)
     if not data.eval_rows:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
     policy, tokenizer = build.load_model_and_tokenizer(config, None)

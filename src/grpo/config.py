@@ -60,8 +60,11 @@ class DataConfig:
     dataset_split: str = "train"
     """Split of `dataset` when it is a hub dataset or a dataset directory."""
     eval_dataset: str = ""
-    """Held-out file or dataset for evaluation; empty uses the task's held-out split or none for a
-    file. A hub dataset or directory takes `dataset_config` and `eval_split`."""
+    """Held-out file or dataset for evaluation, read whenever it is set (with or without `dataset`;
+    a missing file is an error); empty uses the task's held-out split, or none with `dataset`. A hub
+    dataset or directory takes `dataset_config` and `eval_split`. eval/accuracy scores its rows
+    with code_tests when that is the first reward, else math_accuracy (its golds checked at load);
+    in a run on an environment's reward alone, with that reward."""
     eval_split: str = "test"
     """Split of `eval_dataset` when it is a hub dataset or a dataset directory."""
     prompt_column: str = "question"
@@ -82,7 +85,8 @@ class DataConfig:
     """System message placed before each prompt when a chat template is used."""
     long_prompts: str = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context: `error` stops at load
-    naming the row; `skip` leaves such rows out and counts them. Prompts are never truncated."""
+    naming the row and counting them all; `skip` leaves such rows out and counts them (said louder
+    when that is most of them). Prompts are never truncated."""
     eval_size: int = 200
     """Number of held-out prompts scored at each evaluation."""
 
@@ -137,7 +141,9 @@ class SamplingConfig:
     prompts_per_step: int = 16
     """B: prompts per step; a step samples B*G completions."""
     max_new_tokens: int = 8
-    """Longest completion in tokens; longer ones are cut and counted in `completion/truncated_frac`."""
+    """Longest completion in tokens; longer ones are cut and counted in `completion/truncated_frac`.
+    The run says at start when most of the data's reference answers (its `completion`,
+    `canonical_solution` or `answer` column) are longer."""
     temperature: float = 1.0
     """Sampling temperature for the group (evaluation is greedy)."""
     top_p: float = 1.0
@@ -159,7 +165,9 @@ class SamplingConfig:
 class RewardConfig:
     rewards: list[str] = field(default_factory=list)
     """Reward functions: built-in names, `module:function`, `model:DIR` (a reward model) or an
-    http(s) URL (a reward server); empty uses the task's own reward."""
+    http(s) URL (a reward server). Empty: with `environment`, the environment's episode reward
+    alone; else with `dataset`, math_accuracy; else the task's own reward. An environment's reward
+    is always added; the run prints the rewards it uses and config.yaml lists them."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function; empty weighs each 1.0. The reward is the weighted sum."""
     partial_credit: bool = False
@@ -219,7 +227,10 @@ class LossConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = 5e-4
-    """AdamW learning rate after warmup (the demo's tiny model; pretrained models want about 1e-6)."""
+    """AdamW learning rate after warmup. The default is the demo's, for its tiny model trained
+    from scratch; a pretrained model wants about 1e-6 (a run with this default on a model of over
+    20M parameters says so at start), and a run whose entropy collapses says so in its progress
+    line (docs/guides/troubleshooting.md)."""
     lr_schedule: str = "constant"
     """After warmup: `constant` or `cosine` (decays to 0 at the last step)."""
     warmup_steps: int = 0
@@ -259,7 +270,9 @@ class RunConfig:
     steps: int = 300
     """GRPO steps (each: sample, score, normalize, mu updates)."""
     sft_steps: int = 10
-    """Cold-start supervised steps on the task's demonstrations before GRPO; 0 skips it."""
+    """Cold-start supervised steps on the task's demonstrations (a dataset's `completion` column)
+    before GRPO; 0 skips it. With `dataset` it is 0 unless set: the demo's 10 steps are for the
+    built-in tasks."""
     sft_lr: float = 1e-3
     """Learning rate of the cold-start supervised steps."""
     sft_batch_size: int = 32
@@ -346,10 +359,63 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
-def _unknown(key: str) -> ConfigError:
+# Names that users bring from TRL's GRPOConfig and transformers' TrainingArguments, and what each
+# is here: the key that holds the same setting, or why no key does. They stay unknown keys (the
+# config is strict); the error says the right name instead of the nearest spelling.
+_PER_STEP = ("a step samples prompts_per_step prompts with group_size completions each, so set "
+             "those two (micro_batch_size or micro_batch_tokens split the step's passes)")
+FOREIGN_KEYS = {
+    "learning_rate": "lr", "num_generations": "group_size", "max_completion_length": "max_new_tokens",
+    "max_steps": "steps", "lr_scheduler_type": "lr_schedule", "logging_steps": "log_every",
+    "save_steps": "save_every", "save_total_limit": "keep_last", "eval_steps": "eval_every",
+    "model_name_or_path": "model", "dataset_name": "dataset", "dataset_train_split": "dataset_split",
+    "dataset_test_split": "eval_split", "reward_funcs": "rewards", "torch_dtype": "dtype",
+    "mask_truncated_completions": "mask_truncated", "ref_model_sync_steps": "ref_reset_every",
+    "ref_model_mixup_alpha": "ref_update_rate", "epsilon_low": "epsilon", "target_modules":
+    "lora_target_modules",
+    "num_train_epochs": "has no equivalent here: steps counts GRPO steps of prompts_per_step "
+                        "prompts each (an epoch of the dataset is its rows / prompts_per_step steps)",
+    "per_device_train_batch_size": f"has no single equivalent here: {_PER_STEP}",
+    "gradient_accumulation_steps": f"has no equivalent here: {_PER_STEP}, and a step's gradients "
+                                   "are summed over its passes before its one optimizer step",
+    "generation_batch_size": f"has no equivalent here: {_PER_STEP}",
+    "per_device_eval_batch_size": "has no equivalent here: evaluation batches itself; eval_size "
+                                  "sets how many held-out prompts are scored",
+    "max_prompt_length": "has no equivalent here: prompts are never truncated; long_prompts=skip "
+                         "leaves out those that do not fit the model's context",
+    "warmup_ratio": "has no equivalent here: warmup_steps counts steps",
+    "use_vllm": "has no equivalent here: set sampler=vllm",
+    "bf16": "has no equivalent here: set mixed_precision=bf16 (or dtype=bfloat16)",
+    "use_peft": "has no equivalent here: set lora_r=N (N > 0 trains a LoRA adapter)",
+    "scale_rewards": "has no equivalent here: advantage=group_norm scales by the group's std, "
+                     "group_mean (Dr. GRPO) does not",
+    "sync_ref_model": "has no equivalent here: ref_reset_every=N refreshes the reference every N "
+                      "steps (ref_update_rate sets how far)",
+}
+
+
+def _explain_unknown(key: str) -> str:
+    """What an unknown key most likely meant: a key's other name, a section, or the nearest key."""
+    if key in FOREIGN_KEYS:
+        known = FOREIGN_KEYS[key]
+        return f"it is called '{known}' here" if known in KEYS else f"it {known}"
+    sections = {cls.__name__.removesuffix("Config").lower() for cls in SECTIONS} - set(KEYS)
+    if key in sections:
+        return ("it is a section name, not a key: keys are flat, so write `group_size: 8`, not "
+                "`sampling: {group_size: 8}`")
     near = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.0)
-    return ConfigError(f"unknown config key '{key}'; the nearest valid key is '{near[0]}' "
-                       "(`grpo train --help` lists them all)")
+    return f"the nearest valid key is '{near[0]}'"
+
+
+def unknown_keys_error(keys: list[str]) -> ConfigError:
+    """One error for every unknown key, each with what it most likely meant."""
+    if len(keys) == 1:
+        what = _explain_unknown(keys[0])
+        sep = "; " if what.startswith("the nearest") else ": "
+        return ConfigError(f"unknown config key '{keys[0]}'{sep}{what} "
+                           "(`grpo train --help` lists them all)")
+    parts = "; ".join(f"'{k}': {_explain_unknown(k)}" for k in keys)
+    return ConfigError(f"{len(keys)} unknown config keys: {parts}. `grpo train --help` lists them all")
 
 
 def _coerce(key: str, value, hint):
@@ -423,9 +489,9 @@ def load_yaml(path: str | Path) -> dict:
 def build_config(values: dict | None = None) -> TrainConfig:
     """Defaults, then the `algorithm` preset, then `values`; every key and type is checked."""
     values = dict(values or {})
-    for key in values:
-        if key not in KEYS:
-            raise _unknown(key)
+    unknown = [key for key in values if key not in KEYS]
+    if unknown:
+        raise unknown_keys_error(unknown)
     algorithm = values.get("algorithm", RunConfig.algorithm)
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"config key 'algorithm': unknown preset {algorithm!r}; "
@@ -449,8 +515,14 @@ def implied_keys(merged: dict, explicit: set[str]) -> dict:
     so unless `epsilon` is set explicitly it becomes 1.0, a lower bound of 1 - 1 = 0 that no ratio
     falls below: the weight is min(ratio, 1 + epsilon_high). An `epsilon_high` of 0 ("equal to
     epsilon") is resolved first, so the upper bound stays where it was.
+
+    dataset=FILE: `sft_steps` becomes 0. The demo's cold start imitates a built-in task's
+    demonstrations at the demo's `sft_lr`; a user's data has its own (a `completion` column, or
+    none), and a cold start on it is asked for with sft_steps=N.
     """
     out = {}
+    if merged.get("dataset") and "sft_steps" not in explicit:
+        out["sft_steps"] = 0
     if merged.get("loss_type") == "cispo" and "epsilon" not in explicit:
         epsilon = merged.get("epsilon", LossConfig.epsilon)
         if not merged.get("epsilon_high", LossConfig.epsilon_high):

@@ -1,7 +1,8 @@
 """Held-out evaluation, as papers and leaderboards report it.
 
 With `eval_samples=1` (the default) each prompt gets one greedy completion and `eval/accuracy` is
-the mean of the accuracy reward. With n > 1 each prompt gets n completions sampled at
+the mean of the accuracy reward (build.choose_accuracy; in a run on an environment's reward alone,
+the environment's episode reward). With n > 1 each prompt gets n completions sampled at
 `eval_temperature`, and the metrics are pass@1 (the mean over samples) with its spread over the
 sample positions, pass@k for every k in `eval_k` (unbiased estimator) and, for tasks whose answers
 can be extracted, maj@k (passk.py). Sampling for evaluation draws from its own random generator,
@@ -48,7 +49,8 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
     """Score the held-out prompts; `record(metrics, step)`; return eval/accuracy (pass@1).
     `on_batch(prompts done, accuracy so far)` after each sampling call."""
     n = c.eval.eval_samples
-    with_votes = reward_name(data.accuracy_fn) != "code_tests"
+    by_environment = data.accuracy_fn is None    # the environment's episode reward is the score
+    with_votes = not by_environment and reward_name(data.accuracy_fn) != "code_tests"
     per_call = max(1, BATCH_COMPLETIONS // n)
     results: list[dict] = []
     device = next(sampler.model.parameters()).device if hasattr(sampler, "model") else None
@@ -57,7 +59,10 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
             rows = data.eval_rows[start:start + per_call]
             rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), n, greedy=n == 1,
                                      rows=rows)
-            scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, n))
+            if by_environment:
+                scores = [0.0 if r is None else float(r) for r in rollout.episodes["env_reward"]]
+            else:
+                scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, n))
             calls = rollout.episodes["tool_calls"] if rollout.episodes else None
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]

@@ -69,29 +69,91 @@ def build_tiny(output_dir: str | Path, *, hidden_size: int = 128, layers: int = 
     return output_dir
 
 
+class ModelError(ValueError):
+    """A model directory or tokenizer that cannot be used; the message names the key and the path."""
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "vocab.txt", "spiece.model")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub name (`org/name`): absolute, relative to `.` or `~`, deeper than
+    one slash, or inside a directory that exists here (`runs/nothing` when `runs/` does)."""
+    parent = Path(name).expanduser().parent
+    return (name.startswith(("/", ".", "~")) or name.count("/") > 1
+            or (str(parent) != "." and parent.is_dir()))
+
+
+def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | None]:
+    """Where `key=name` loads from, checked before transformers sees it: (path, a note or None).
+
+    A directory must hold a model (config.json, weights, tokenizer files); a run directory (with
+    `runs`) stands for its `final/`, said in the note. Anything else is a ModelError naming the
+    key, the path and what to give instead; a name that is no local path is left to the hub.
+    """
+    path = Path(name).expanduser()
+    give = "give a Hugging Face model directory (a run's final/) or a hub name"
+
+    def refuse(why: str) -> ModelError:
+        return ModelError(f"config key '{key}': cannot load '{name}': {why}")
+
+    if not path.exists():
+        if _looks_local(name):
+            raise refuse(f"no such directory; {give}")
+        return name, None
+    if not path.is_dir():
+        raise refuse(f"a file, not a model directory; {give}")
+    files = sorted(p.name for p in path.iterdir())
+    if "config.json" not in files:
+        final = path / "final"
+        if runs and final.is_dir():    # a run directory: its final/ is checked as a model itself
+            loaded, _ = model_source(key, str(final), runs=False)
+            return loaded, f"{key}={name} is a run directory: loading its final model, {final}"
+        if runs and (path / "checkpoints").is_dir():
+            raise refuse(f"a run directory without final/ (the run stopped before its end); give "
+                         f"one of its checkpoints, {key}={path / 'checkpoints'}/step-N, or continue "
+                         "the run with resume=auto")
+        if "adapter_config.json" in files:
+            raise refuse("a LoRA adapter, not a whole model; give its merged model (lora_merge=true "
+                         "writes final/merged) or the base model")
+        if not files:
+            raise refuse(f"an empty directory; {give}")
+        shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
+        raise refuse(f"not a model directory (no config.json; it holds {shown}); {give}")
+    if not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
+        raise refuse("config.json but no weights (model.safetensors); write the directory with "
+                     "save_pretrained, or give a run's final/")
+    if not any(f in TOKENIZER_FILES for f in files):
+        raise refuse("no tokenizer files (tokenizer.json, tokenizer_config.json); save the "
+                     "tokenizer into it with save_pretrained, or copy them from the base model")
+    return str(path), None
+
+
 def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
     """Load a tokenizer; pad on the left for generation; `chat_template=none` drops any template.
 
     With no pad token, EOS pads (masks come from generated lengths, never from the pad id); with
-    neither, or with `chat_template=required` and no template, a ValueError says what is missing.
+    neither, or with `chat_template=required` and no template, a ModelError says what is missing.
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if tokenizer.eos_token is None:
-        raise ValueError(f"the tokenizer of {name_or_path} has no EOS token, so completions cannot "
-                         "end; use a tokenizer that defines eos_token")
+        raise ModelError(f"config key 'model': the tokenizer of {name_or_path} has no EOS token, so "
+                         "completions cannot end; use a tokenizer that defines eos_token")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     if chat_template == "none":
         tokenizer.chat_template = None
     elif chat_template == "required" and not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"config key 'chat_template' is required, but the tokenizer of "
+        raise ModelError(f"config key 'chat_template' is required, but the tokenizer of "
                          f"{name_or_path} has no chat template; set chat_template=auto or none, or "
                          "use an instruct model's tokenizer")
     elif chat_template not in ("auto", "required"):
-        raise ValueError(f"chat_template must be 'auto', 'required' or 'none', got {chat_template!r}")
+        raise ModelError(f"chat_template must be 'auto', 'required' or 'none', got {chat_template!r}")
     return tokenizer
 
 

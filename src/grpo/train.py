@@ -34,8 +34,8 @@ from grpo.data import PromptStream, columns_of
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
-from grpo.metrics import (everyones_faults, everyones_rows, metrics_line, sample_records,
-                          step_metrics)
+from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
+                          sample_records, step_metrics)
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
@@ -93,10 +93,11 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
-    data = build.load_data(c, reward_fns, tools=tools, environment=environment)
-    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
+    data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log)
+    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log)
     distributed.broadcast_parameters(policy, world)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
+    build.check_lr(c, policy, log)
     resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
     if c.run.parallel == "fsdp" and not distributed.initialized():
@@ -109,7 +110,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         log(f"resuming from {checkpoint} at step {first}/{c.run.steps}")
     if write_files:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(c))
+        (run_dir / "config.yaml").write_text(build.rewards_comment(data) + to_yaml(c))
         resume.cut_run_files(run_dir, first - 1)
     tracker = (RunTracker(run_dir, purge_step=first, report_to=c.run.report_to, config=c.flat())
                if write_files else NullTracker())
@@ -120,6 +121,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         history.append({"step": step, **metrics})
 
     evaluating = bool(data.eval_rows and c.run.eval_every)
+    runaway = RunawayWatch()
 
     def evaluate_now(step: int) -> float:
         with distributed.full_parameters(policy):   # every rank gathers; rank 0 evaluates
@@ -148,7 +150,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             signum = stop.requested(world)
             if (c.run.save_every and step % c.run.save_every == 0) or signum:
                 resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files)
-            bar.update(step, metrics_line(metrics, accuracy))
+            bar.update(step, metrics_line(metrics, accuracy) + runaway.note(metrics))
             if signum:
                 raise resume.Stopped.after(signum, step, c.run.steps, run_dir)
     write_final(c, policy, tokenizer, run_dir, write_files)
@@ -170,6 +172,10 @@ def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, ch
         resume.load_weights(policy, checkpoint)
     elif c.run.sft_steps:
         cold_start(c, policy, tokenizer, data, log)
+    elif c.data.dataset:
+        column = ("its 'completion' column is imitated with sft_steps=N" if data.demonstrations
+                  else "it has no 'completion' column to imitate")
+        log(f"cold start: off (sft_steps=0, the default with dataset=); {column}")
 
 
 def write_final(c: TrainConfig, policy, tokenizer, run_dir: Path, write_files: bool) -> None:
@@ -465,8 +471,9 @@ def truncated_is_weights(rollout: Rollout, cap: float) -> tuple[torch.Tensor, di
 
 def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:
     if not data.demonstrations:
-        raise build.ConfigError("config key 'sft_steps' asks for a cold start, but the dataset has "
-                                "no 'completion' column to imitate; set sft_steps=0")
+        raise build.ConfigError(f"config key 'sft_steps' asks for a cold start, but the dataset "
+                                f"{c.data.dataset} has no 'completion' column to imitate; add one, "
+                                "or leave sft_steps out (with dataset= it is 0 unless set)")
     prompts = build.prompt_texts(c, tokenizer, [{"prompt": p} for p, _, _ in data.demonstrations])
     pairs = [(prompt + context, target)
              for prompt, (_, context, target) in zip(prompts, data.demonstrations)]

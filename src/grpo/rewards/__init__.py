@@ -110,6 +110,8 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     if unscorable not in UNSCORABLE:
         raise ValueError(f"unscorable must be one of {UNSCORABLE}, got {unscorable!r}")
     n = len(completions)
+    if not fns:     # no function (an environment's reward alone, added by the caller): 0 each
+        return [0.0] * n, {}
     names = unique_names(fns)
     per_fn: dict[str, list[float | None]] = {}
     # The functions run concurrently: a reward model, a server and math workers overlap their waits.
