@@ -35,7 +35,7 @@ from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
 from grpo.metrics import (everyones_faults, everyones_rows, metrics_line, sample_records,
-                          step_metrics)
+                          step_metrics, unscored_warning)
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
@@ -142,6 +142,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
             fault_point("step")
             record(metrics, step)
+            if (warning := unscored_warning(metrics, step)) is not None:
+                log(warning)
             tracker.samples(sample_records(rollout, step))
             if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
                 accuracy = evaluate_now(step)
