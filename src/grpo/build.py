@@ -17,7 +17,7 @@ import torch
 from grpo.advantages import ADVANTAGES
 from grpo.config import ConfigError, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.data import Columns, DataError, format_prompt, load_rows
+from grpo.data import Columns, DataError, coverage_note, format_prompt, load_rows
 from grpo.models import build_tiny, load_policy, load_tokenizer
 from grpo.reward_sources import RewardModel, RewardServer
 from grpo.rewards.code import CodeTests, CodeTestsError, spec_from_row
@@ -280,7 +280,12 @@ def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
 def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
                 log=print) -> None:
     """Rows whose templated prompt plus `max_new_tokens` exceed the model's context: an error
-    naming the first (long_prompts=error) or left out and counted (skip). Never truncated."""
+    naming the first (long_prompts=error) or left out and counted (skip). Never truncated.
+    Characters the tokenizer cannot represent are reported first (data.coverage_note)."""
+    note = coverage_note(tokenizer, {"train": data.train_rows, "held-out": data.eval_rows},
+                         f"model {config.model.model}")
+    if note:
+        log(note)
     if not context:
         return
     limit = context - config.sampling.max_new_tokens
