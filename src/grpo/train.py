@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from grpo import build, distributed, resume
+from grpo import build, distributed, resume, sft
 from grpo.advantages import ADVANTAGES, groups_with_contrast, process_supervision
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
@@ -97,7 +97,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None)
     distributed.broadcast_parameters(policy, world)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
-    resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log)
+    resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log, run_dir if write_files else None,
+                         world)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
@@ -163,7 +164,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
 
 def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, checkpoint: Path | None,
-                         log) -> None:
+                         log, save_to: Path | None = None,
+                         world: distributed.World = distributed.World()) -> None:
     """The checkpoint's weights when resuming (its config compared with this one), else the cold
     start when `sft_steps` asks for it."""
     if checkpoint is not None:
@@ -171,7 +173,7 @@ def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, ch
             log(f"resuming with a changed key: {change}")
         resume.load_weights(policy, checkpoint)
     elif c.run.sft_steps:
-        cold_start(c, policy, tokenizer, data, log)
+        cold_start(c, policy, tokenizer, data, log, save_to, world)
 
 
 def write_final(c: TrainConfig, policy, tokenizer, run_dir: Path, write_files: bool) -> None:
@@ -465,7 +467,10 @@ def truncated_is_weights(rollout: Rollout, cap: float) -> tuple[torch.Tensor, di
         "tis/weight_std": real.std().item() if real.numel() > 1 else 0.0}
 
 
-def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:
+def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log, save_to: Path | None = None,
+               world: distributed.World = distributed.World()) -> None:
+    """`sft_steps` supervised steps on the demonstrations. SIGTERM or Ctrl-C finishes the step,
+    keeps the model in `save_to`/cold_start (sft.stopped) and raises resume.Stopped."""
     if not data.demonstrations:
         raise build.ConfigError("config key 'sft_steps' asks for a cold start, but the dataset has "
                                 "no 'completion' column to imitate; set sft_steps=0")
@@ -473,8 +478,13 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None
     pairs = [(prompt + context, target)
              for prompt, (_, context, target) in zip(prompts, data.demonstrations)]
 
-    with Progress("cold start", c.run.sft_steps, log, every=10) as bar:
-        supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
-                            batch_size=c.run.sft_batch_size, seed=c.run.seed,
-                            on_step=lambda step, loss, seconds: bar.update(
-                                step, f"loss {loss:.3f}  {seconds:.2f}s/step"))
+    with resume.StopOnSignal(log, "keeping the model as it is") as stop, \
+            Progress("cold start", c.run.sft_steps, log, every=10) as bar:
+        losses = supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
+                                     batch_size=c.run.sft_batch_size, seed=c.run.seed,
+                                     on_step=lambda step, loss, seconds: bar.update(
+                                         step, f"loss {loss:.3f}  {seconds:.2f}s/step"),
+                                     stop=lambda: stop.requested(world))
+    signum = stop.requested(world)
+    if signum:
+        raise sft.stopped(signum, len(losses), c.run.sft_steps, policy, tokenizer, save_to)
