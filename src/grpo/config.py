@@ -126,8 +126,9 @@ class EvalConfig:
     """k values for pass@k (the unbiased estimator of Chen et al. 2021) and maj@k (majority vote
     over the first k samples' extracted answers); each at most eval_samples."""
     eval_output: str = ""
-    """`grpo eval`: the per-row results as JSONL; empty writes OUTPUT_DIR/eval.jsonl. During
-    training each evaluation writes OUTPUT_DIR/eval/step-N.jsonl."""
+    """`grpo eval` and `grpo score`: the per-row results as JSONL; empty writes
+    OUTPUT_DIR/eval.jsonl (score.jsonl). During training each evaluation writes
+    OUTPUT_DIR/eval/step-N.jsonl."""
 
 
 @dataclass(frozen=True)
