@@ -123,8 +123,12 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     data = build.load_data(c)
     rows = [{"prompt": prompt, "answer": answer}] if prompt is not None else [pick_row(c, data, row)]
     policy, tok = build.load_model_and_tokenizer(c, None)
+    notes = []
     if c.run.sft_steps and data.demonstrations:
         cold_start(c, policy, tok, data, log)
+    elif c.run.sft_steps:
+        notes.append(f"sft_steps={c.run.sft_steps}, but no cold start: the data has no "
+                     "demonstrations (a dataset's `completion` column), so the model is as loaded")
     learner = make_learner(c, policy, tok)
     G, T = c.sampling.group_size, learner.sampler.max_new_tokens
     draws = torch.Generator().manual_seed(c.run.seed)
@@ -167,6 +171,7 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
                            "clipped_low": sur.clipped_low, "clipped_high": sur.clipped_high, "kl_tokens": kl})
     after = logprobs_of(policy, rollout, mb, mb_tokens)
     out = _as_dict(c, rollout, tok, scored, iterations, after, weights)
+    out["notes"] = notes
     out["row"] = None if prompt is not None else row
     out["source"] = "--prompt" if prompt is not None else (c.data.dataset or f"task {c.data.task}")
     return out
