@@ -95,3 +95,105 @@ def test_every_function_the_walkthrough_links_exists():
     for module, name, path in links:
         assert Path(path).stem in (module, "__init__"), (module, path)
         assert f"def {name}(" in (root / path).read_text(), (module, name)
+
+
+# ---------------------------------------------------------------- exit codes and each command's help
+
+GSM8K_LIKE = [{"question": "Ali has 3 boxes of 4 pens. How many pens?", "answer": "12 pens.\n#### 12"},
+              {"question": "What is 10 - 4?", "answer": "#### 6"},
+              {"question": "Mia has 2 cats and 3 dogs. How many pets?", "answer": "#### 5"}]
+
+
+def package_path() -> str:
+    """PYTHONPATH for a subprocess started in another directory: this grpo first."""
+    import os
+    from pathlib import Path
+    import grpo
+    return os.pathsep.join([str(Path(grpo.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def bad_inputs(tmp_path):
+    """For every command, a mistake a user makes with their own files, and what the error names."""
+    data = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K_LIKE)
+    (tmp_path / "run.yaml").write_text("steps: 3\nlearning_rat: 1e-5\n")
+    (tmp_path / "not_a_run").mkdir()
+    return {
+        "train": (["run.yaml"], "unknown config key 'learning_rat'"),
+        "sft": ([f"dataset={data}", "sft_steps=5", "output_dir=out"], "no 'completion' column"),
+        "eval": (["model=no_such_model_dir", "eval_size=4"], "config key 'model'"),
+        "score": ([f"dataset={data}"], "no completion column"),
+        "bench": (["task=no_such_task"], "unknown task 'no_such_task'"),
+        "explain": ([f"dataset={data}", "--row", "0"], "rows are numbered from 1, as in the file"),
+        "report": (["not_a_run"], "not_a_run: no metrics.jsonl"),
+    }
+
+
+def test_every_command_exits_2_with_one_line_on_a_users_mistake(tmp_path, monkeypatch, capsys):
+    from grpo.cli import COMMANDS, main
+    monkeypatch.chdir(tmp_path)
+    cases = bad_inputs(tmp_path)
+    assert set(cases) == set(COMMANDS)       # a new command gets a case here
+    for command, (args, named) in cases.items():
+        status = main([command, *args])
+        err = capsys.readouterr().err
+        assert status == 2, (command, err)
+        assert err.startswith(f"grpo {command}: error: ") and named in err, (command, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (command, err)
+
+
+def test_usage_mistakes_exit_2_naming_the_options(tmp_path, monkeypatch, capsys):
+    from grpo.cli import main
+    monkeypatch.chdir(tmp_path)
+    for argv, named in [(["explain", "--row"], "--row needs a value: --row N"),
+                        (["explain", "--row", "two"], "--row expects a row number"),
+                        (["explain", "--rows", "2"], "unknown option '--rows'; grpo explain's options: --row"),
+                        (["eval", "--json"], "unknown option '--json'; grpo eval's options: --print-config"),
+                        (["report"], "give at least one RUN_DIR"),
+                        (["report", "run", "--out"], "--out needs a value"),
+                        (["train", "steps=3", "oops"], "expected key=value, got 'oops'")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert main(["nosuchcommand"]) == 2
+
+
+def test_each_commands_help_lists_its_own_options_and_keys(capsys):
+    from grpo.cli import main
+    helps = {}
+    for command in ("train", "sft", "eval", "score", "bench", "explain", "report"):
+        assert main([command, "--help"]) == 0
+        helps[command] = capsys.readouterr().out
+        assert helps[command].startswith(f"usage: grpo {command}")
+    for flag in ("--row N", "--prompt TEXT", "--answer A", "--json", "--overview", "--print-config"):
+        assert flag in helps["explain"], flag
+    assert "--completions COLUMN" in helps["score"] and "--out DIR" in helps["report"]
+    assert "  num_iterations=" in helps["explain"] and "  save_every=" not in helps["explain"]
+    assert "  eval_k=" in helps["eval"] and "  num_iterations=" not in helps["eval"]
+    assert "  rewards=" in helps["score"] and "  model=" not in helps["score"]
+    assert "  sft_lr=" in helps["sft"] and "  beta=" not in helps["sft"]
+    assert "keys" not in helps["report"]
+    assert len({helps[c] for c in helps}) == len(helps)        # no two the same
+
+
+def test_sigterm_outside_the_training_loop_exits_143_with_a_line(tmp_path):
+    import os
+    import signal
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": package_path()}
+    # the demo's random model writes up to 300 tokens per answer: seconds per batch of 64
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "eval", "max_new_tokens=300",
+                             "eval_size=400", "threads=1", "output_dir=out"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stderr:          # the first batch is done: the second is being sampled
+        if line.startswith("eval 64/400"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == "grpo eval: stopped by SIGTERM before it finished"
+    assert not (tmp_path / "out" / "eval.jsonl").exists()

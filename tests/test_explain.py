@@ -93,3 +93,41 @@ def test_render_marks_clipped_tokens(result):
     sides = [s for it in result["iterations"] for p in it["completions"] for s in p["clipped"] if s]
     assert sides    # lr 0.05 moves the ratio past 1 +- 0.2 by the second update
     assert "4. update 3/3" in text and f"[{sides[0]}]" in text
+
+
+def test_with_no_model_it_explains_a_cold_started_demo_with_several_updates(tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "No model given" in data["notes"][0] and "num_iterations=4" in data["notes"][0]
+    rewards = [c["reward"] for c in data["completions"]]
+    assert 0 < sum(rewards) < len(rewards)             # the cold start: some right, some wrong
+    assert any(c["advantage"] != 0 for c in data["completions"])
+    assert len(data["iterations"]) == 4
+    later = data["iterations"][1:]
+    assert any(abs(r - 1) > 0.2 for it in later for p in it["completions"] for r in p["ratio"])
+    assert any(side for it in later for p in it["completions"] for side in p["clipped"])
+    assert main(["explain", "model=tiny", "sft_steps=0", "group_size=2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == []   # a model given: its keys only
+    assert main(["explain", "--print-config"]) == 0
+    shown = capsys.readouterr().out
+    assert "num_iterations: 4" in shown and "sft_steps: 20" in shown
+
+
+def test_rows_are_numbered_as_in_the_file(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    rows = [{"question": f"What is {n} + 1?", "answer": f"#### {n + 1}"} for n in range(1, 7)]
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    args = ["explain", "dataset=mine.jsonl", f"model={tiny_model_dir}", "sft_steps=0", "group_size=2",
+            "max_new_tokens=2", "threads=1"]
+    for number in (1, 3, 6):
+        assert main([*args, "--row", str(number), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["prompt"] == rows[number - 1]["question"] and data["row"] == number
+    assert main([*args, "--row", "3"]) == 0
+    assert "Prompt (row 3 of mine.jsonl; " in capsys.readouterr().out
+    for number in (0, 7):
+        assert main([*args, "--row", str(number)]) == 2
+        assert ("rows are numbered from 1, as in the file; mine.jsonl has rows 1..6"
+                in capsys.readouterr().err)

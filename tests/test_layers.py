@@ -13,7 +13,7 @@ LAYERS = [
      "reward_sources", "tools", "environments"},                        # infrastructure
     {"sampling", "vllm_sampler", "update", "episodes"},                 # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics",
-     "evaluate"},                                                        # composition
+     "evaluate", "score"},                                               # composition
 ]
 PURE = LAYERS[1]
 

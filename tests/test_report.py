@@ -23,9 +23,11 @@ def runs(tiny_model_dir, tmp_path_factory):
     out = []
     for seed in (0, 1):
         run = tmp_path_factory.mktemp(f"run{seed}")
+        # the second run makes two updates per batch, so its ratios can be clipped
         train(build_config({"model": str(tiny_model_dir), "sft_steps": 2, "steps": 4, "prompts_per_step": 2,
                             "group_size": 4, "max_new_tokens": 4, "eval_every": 2, "eval_size": 8,
-                            "save_every": 0, "threads": 1, "seed": seed, "output_dir": str(run)}),
+                            "save_every": 0, "threads": 1, "seed": seed, "output_dir": str(run),
+                            "num_iterations": 1 + seed}),
               log=lambda line: None)
         out.append(run)
     return out
@@ -50,16 +52,21 @@ def drawn_pixels(png) -> int:
     return sum(image.histogram()[:200])   # dark pixels: axes, lines, text
 
 
+# What the first run (num_iterations=1, single-turn, digits for answers) cannot show
+LEFT_OUT = {"clip", "reflection", "agent", "agent_shares"}
+
+
 @needs_chromium
 def test_the_report_of_a_real_run_draws_in_chromium(runs, tmp_path):
     path = write_report(runs[0])
     assert path == runs[0] / "report.html"
-    assert all((runs[0] / "plots" / f"{name}.png").stat().st_size > 5000 for name, *_ in PANELS)
+    drawn = [name for name, *_ in PANELS if name not in LEFT_OUT]
+    assert all((runs[0] / "plots" / f"{name}.png").stat().st_size > 5000 for name in drawn)
     assert "src=\"http" not in path.read_text() and "src='http" not in path.read_text()  # offline
     dom, console, shot = render(path, tmp_path)
     body = re.search(r"<body[^>]*>", dom).group(0)
-    assert f'data-plots="{len(PANELS)}"' in body
-    assert f'data-plots-drawn="{len(PANELS)}"' in body       # every image decoded, width > 0
+    assert f'data-plots="{len(drawn)}"' in body
+    assert f'data-plots-drawn="{len(drawn)}"' in body       # every image decoded, width > 0
     assert 'data-sample-rows="8"' in body                    # the last step's 2 x 4 completions
     assert not console, console                              # no error, nothing logged at all
     assert shot.stat().st_size > 20_000 and drawn_pixels(shot) > 10_000
@@ -71,7 +78,27 @@ def test_several_runs_overlay_in_one_report(runs, tmp_path):
     text = path.read_text()
     assert f"GRPO run: {runs[0].name}, {runs[1].name}" in text
     dom, console, _ = render(path, tmp_path)
-    assert f'data-plots-drawn="{len(PANELS)}"' in dom and not console
+    drawn = len(PANELS) - len(LEFT_OUT - {"clip"})     # the second run fills the clip panel
+    assert f'data-plots-drawn="{drawn}"' in dom and not console
+
+
+def test_a_panel_that_cannot_show_anything_is_left_out_saying_why(runs, tmp_path):
+    import html
+    page = html.unescape(write_report(runs[0]).read_text())
+    not_shown = page.split('<ul id="not-shown">')[1].split("</ul>")[0]
+    for name in LEFT_OUT:
+        assert not (runs[0] / "plots" / f"{name}.png").exists(), name
+        assert f'alt="{name}"' not in page
+    assert "Clipped token fractions</b>: num_iterations=1: one update per batch" in not_shown
+    assert "every ratio is exactly 1 and nothing is ever clipped" in not_shown
+    assert "sampled completions" in not_shown and "contains 'wait', 'verify', 'check', 'let me'" in not_shown
+    assert "a single-turn run: no tools or environment" in not_shown
+    # The second run made two updates per batch: its clip panel is drawn; laid over the first,
+    # the caption says which run it leaves out and why
+    assert (runs[1] / "plots" / "clip.png").stat().st_size > 5000
+    both = html.unescape(write_report(*runs, out=tmp_path / "both").read_text())
+    caption = both.split('alt="clip"')[1].split("</figure>")[0]
+    assert f"{runs[0].name}: not drawn, num_iterations=1" in caption
 
 
 def test_every_run_writes_its_report(runs):

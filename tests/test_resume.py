@@ -101,6 +101,40 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_says_how_to_resume(ti
     assert torch.load(saved / "trainer_state.pt", weights_only=False)["step"] == last
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_cold_start_stopped_by_a_signal_keeps_its_model_and_says_what_is_lost(tiny_model_dir, tmp_path,
+                                                                                  signum):
+    from transformers import AutoModelForCausalLM
+    from grpo.cli import main
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", f"model={tiny_model_dir}",
+                             "sft_steps=5000", "sft_batch_size=4", "threads=1", f"output_dir={run}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("cold start 20/5000"):
+            break
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    name = signal.Signals(signum).name
+    message = err.strip().splitlines()[-1]
+    done = int(message.split("after cold-start step ")[1].split("/")[0])
+    assert 20 <= done < 5000
+    assert message.startswith(f"grpo train: stopped by {name} after cold-start step {done}/5000")
+    kept = run / "cold_start"
+    assert f"is in {kept}; AdamW's state and the other {5000 - done} steps are not kept" in message
+    assert f"model={kept} sft_steps={5000 - done}" in message
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+    tuned = AutoModelForCausalLM.from_pretrained(kept).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(tuned[k], base[k]) for k in base)      # the steps it took are kept
+    # the way on that the message gives works
+    assert main(["sft", f"model={kept}", "sft_steps=2", "sft_batch_size=4", "threads=1",
+                 f"output_dir={tmp_path / 'on'}"]) == 0
+    assert (tmp_path / "on" / "final" / "model.safetensors").is_file()
+
+
 def small_config(tiny_model_dir, run_dir, **overrides):
     values = {"model": str(tiny_model_dir), "sft_steps": 0, "prompts_per_step": 2, "group_size": 2,
               "max_new_tokens": 4, "steps": 3, "eval_every": 0, "save_every": 1, "keep_last": 0,

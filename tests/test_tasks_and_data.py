@@ -87,3 +87,31 @@ def test_prompt_stream_visits_every_row_each_pass():
 def test_columns_repeat_per_group_member():
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]
     assert columns_of(rows, 3) == {"answer": ["1", "1", "1", "2", "2", "2"]}
+
+
+def test_characters_the_tokenizer_cannot_represent_are_reported_at_start(tiny_model_dir, tmp_path,
+                                                                         monkeypatch, capsys):
+    from grpo.cli import main
+    rows = [{"question": "Tom’s cat has 3 kittens and 2 more. How many?", "answer": "#### 5"},
+            {"question": "What is 2 + 2?", "answer": "#### 4"},
+            {"question": "Ana’s dog ate 5 of 7 bones. How many are left?", "answer": "#### 2"},
+            {"question": "Is 1 + 1 = 2 ✓?", "answer": "#### 2"}]
+    (tmp_path / "gsm8k_like.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "dataset=gsm8k_like.jsonl", f"model={tiny_model_dir}", "sft_steps=0",
+                 "steps=1", "prompts_per_step=2", "group_size=2", "max_new_tokens=4", "eval_every=0",
+                 "threads=1", "output_dir=run"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (f"warning: the tokenizer of model {tiny_model_dir} has no token for 2 characters "
+                     "of the data: '’' (U+2019), '✓' (U+2713); each reaches the model as <pad>. Rows "
+                     "holding one: 3 of 4 train rows (75.0%). Replace them in the data, or use a "
+                     "model whose tokenizer covers them")
+
+
+def test_a_tokenizer_that_covers_the_data_says_nothing(tiny):
+    from grpo.data import coverage_note, uncovered_characters
+    _, tokenizer = tiny
+    rows = [{"prompt": "largest of 3 8 5 1:", "completion": "8"}, {"prompt": [{"role": "user", "content": "hi"}]}]
+    assert uncovered_characters(tokenizer, rows) == ([], 0)
+    assert coverage_note(tokenizer, {"train": rows}, "model tiny") is None
+    assert uncovered_characters(tokenizer, [{"prompt": "a", "completion": "b\tc"}]) == (["\t"], 1)

@@ -69,3 +69,42 @@ def test_a_tracker_asked_for_but_missing_is_named(tiny_model_dir, tmp_path, monk
     with pytest.raises(ConfigError, match="unknown tracker 'comet'"):
         short_run(tiny_model_dir, tmp_path / "run2", ["comet"])
     assert not (tmp_path / "run").exists()
+
+
+def strict_lines(path) -> list[dict]:
+    """A file's JSON lines read as strict RFC 8259 JSON (NaN and Infinity are not JSON)."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_a_step_no_sample_could_score_is_strict_json_null_and_a_warning(tiny_model_dir, tmp_path,
+                                                                       monkeypatch, capsys):
+    from grpo.cli import main
+    (tmp_path / "myreward.py").write_text(
+        "def strict(prompts, completions, **columns):\n"
+        "    raise RuntimeError('my reward is broken')\n")
+    monkeypatch.chdir(tmp_path)
+    status = main(["train", f"model={tiny_model_dir}", "rewards=[myreward:strict]", "reward_on_error=skip",
+                   "sft_steps=0", "steps=2", "prompts_per_step=2", "group_size=2", "max_new_tokens=4",
+                   "eval_every=0", "save_every=0", "threads=1", "output_dir=run"])
+    out = capsys.readouterr().out
+    assert status == 0
+    warnings = [line for line in out.splitlines() if line.startswith("warning: step")]
+    assert len(warnings) == 2 and "none of its 4 samples could be scored (no value from strict)" in warnings[0]
+    assert "reward_on_error=raise" in warnings[0]
+    assert "step 1/2  reward none (no sample scored)" in out
+    metrics = strict_lines(tmp_path / "run" / "metrics.jsonl")
+    assert [m["reward/mean"] for m in metrics] == [None, None]
+    assert metrics[0]["reward/strict/mean"] is None and metrics[0]["reward/unscorable"] == 4
+    assert metrics[0]["undefined"] == ["reward/mean", "reward/strict/mean"]
+    assert all(s["reward"] is None for s in strict_lines(tmp_path / "run" / "samples.jsonl"))
+    assert (tmp_path / "run" / "report.html").is_file()     # the report reads nulls too
+
+
+def test_strict_json_writes_null_for_every_non_finite_number():
+    from grpo.tracking import strict_json
+    line = strict_json({"step": 3, "a": float("nan"), "b": float("inf"), "c": 1.5, "d": [float("-inf"), 2]})
+    assert json.loads(line) == {"step": 3, "a": None, "b": None, "c": 1.5, "d": [None, 2],
+                                "undefined": ["a", "b"]}
+    assert json.loads(strict_json({"x": float("nan")}, note=False)) == {"x": None}

@@ -27,7 +27,7 @@ from dataclasses import replace as dc_replace
 import torch
 
 from grpo.progress import to_stderr
-from grpo.config import TrainConfig
+from grpo.config import ConfigError, TrainConfig
 
 SPLIT = ("sample", "reward", "reference", "update")
 
@@ -94,6 +94,9 @@ def bench(config: TrainConfig, log=to_stderr) -> dict:
     from grpo.train import train
     from grpo.update import token_budget
 
+    if config.run.steps < 1:
+        raise ConfigError("config key 'steps': grpo bench measures steps, so it needs steps=1 or "
+                          "more (the first pays warm-up: the median is over the others)")
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     peak = matmul_peak()

@@ -18,7 +18,7 @@ import torch
 from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.data import Columns, DataError, format_prompt, load_rows
+from grpo.data import Columns, DataError, coverage_note, format_prompt, load_rows
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
 from grpo.progress import to_stderr
 from grpo.reward_sources import RewardModel, RewardServer
@@ -406,7 +406,12 @@ def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
                 log=print) -> None:
     """Rows whose templated prompt plus `max_new_tokens` exceed the model's context: an error
     naming the first and counting them all (long_prompts=error), or left out and counted (skip),
-    said louder when that is most of them. Never truncated. Then `check_answer_lengths`."""
+    said louder when that is most of them. Never truncated. Characters the tokenizer cannot
+    represent are reported first (data.coverage_note); then `check_answer_lengths`."""
+    note = coverage_note(tokenizer, {"train": data.train_rows, "held-out": data.eval_rows},
+                         f"model {config.model.model}")
+    if note:
+        log(note)
     check_answer_lengths(config, tokenizer, data, log)
     if not context:
         return

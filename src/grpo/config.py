@@ -130,8 +130,9 @@ class EvalConfig:
     """k values for pass@k (the unbiased estimator of Chen et al. 2021) and maj@k (majority vote
     over the first k samples' extracted answers); each at most eval_samples."""
     eval_output: str = ""
-    """`grpo eval`: the per-row results as JSONL; empty writes OUTPUT_DIR/eval.jsonl. During
-    training each evaluation writes OUTPUT_DIR/eval/step-N.jsonl."""
+    """`grpo eval` and `grpo score`: the per-row results as JSONL; empty writes
+    OUTPUT_DIR/eval.jsonl (score.jsonl). During training each evaluation writes
+    OUTPUT_DIR/eval/step-N.jsonl."""
 
 
 @dataclass(frozen=True)
@@ -625,14 +626,16 @@ def _as_yaml(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def help_text() -> str:
-    """Every key with its default and meaning, grouped by section."""
+def help_text(keys=None) -> str:
+    """Every key (or those in `keys`) with its default and meaning, grouped by section."""
     docs = field_docs()
     lines = []
     for cls in SECTIONS:
-        lines.append(f"{cls.__name__.removesuffix('Config').lower()}:")
+        fields = [f for f in dataclasses.fields(cls) if keys is None or f.name in keys]
+        if fields:
+            lines.append(f"{cls.__name__.removesuffix('Config').lower()}:")
         defaults = cls()
-        for f in dataclasses.fields(cls):
+        for f in fields:
             default = getattr(defaults, f.name)
             lines.append(f"  {f.name}={_as_yaml(default)}")
             lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ",

@@ -194,6 +194,64 @@ def tool_description(tools, call_format: str) -> str:
     return "<tools>" + " ".join(f"{t.name}({', '.join(t.parameters)})" for t in tools) + "</tools>\n"
 
 
+def _fallback_ids(tokenizer) -> set[int]:
+    """The ids a tokenizer writes for text it has no token for: its unknown token, and the one its
+    model falls back to (the tiny tokenizer's `<pad>`); none for byte-level tokenizers."""
+    ids = {tokenizer.unk_token_id} if getattr(tokenizer, "unk_token_id", None) is not None else set()
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    fallback = getattr(model, "unk_token", None)
+    if fallback:
+        found = tokenizer.convert_tokens_to_ids(fallback)
+        if isinstance(found, int):
+            ids.add(found)
+    return ids
+
+
+def _texts(row: dict) -> list[str]:
+    """What of a row the model reads or imitates: its prompt (each message's content) and the
+    completion a cold start imitates."""
+    prompt = row.get("prompt")
+    texts = [str(m.get("content", "")) for m in prompt] if isinstance(prompt, list) else [str(prompt)]
+    if isinstance(row.get("completion"), str):
+        texts.append(row["completion"])
+    return texts
+
+
+def uncovered_characters(tokenizer, rows: list[dict]) -> tuple[list[str], int]:
+    """The characters of the rows' prompts and completions that the tokenizer has no token for
+    (each is encoded alone), and how many rows hold at least one."""
+    fallback = _fallback_ids(tokenizer)
+    if not fallback or not rows:
+        return [], 0
+    texts = [_texts(r) for r in rows]
+    seen = sorted({ch for row in texts for text in row for ch in text})
+    encoded = tokenizer(seen, add_special_tokens=False).input_ids if seen else []
+    missing = [ch for ch, ids in zip(seen, encoded) if fallback.intersection(ids)]
+    if not missing:
+        return [], 0
+    lost = set(missing)
+    return missing, sum(any(lost.intersection(text) for text in row) for row in texts)
+
+
+def coverage_note(tokenizer, parts: dict[str, list[dict]], who: str) -> str | None:
+    """A line for the start of a run when `who`'s tokenizer cannot represent some characters of
+    the data (they reach the model as its unknown token), with the share of rows each part loses;
+    None when it represents them all."""
+    found = {name: uncovered_characters(tokenizer, rows) for name, rows in parts.items()}
+    missing = sorted({ch for chars, _ in found.values() for ch in chars})
+    if not missing:
+        return None
+    token = tokenizer.convert_ids_to_tokens(sorted(_fallback_ids(tokenizer))[0])
+    shown = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in missing[:12])
+    more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
+    shares = "; ".join(f"{n} of {len(parts[name])} {name} rows ({n / len(parts[name]):.1%})"
+                       for name, (_, n) in found.items() if n)
+    return (f"warning: the tokenizer of {who} has no token for {len(missing)} character"
+            f"{'s' if len(missing) > 1 else ''} of the data: {shown}{more}; each reaches the model "
+            f"as {token}. Rows holding one: {shares}. Replace them in the data, or use a model "
+            "whose tokenizer covers them")
+
+
 class PromptStream:
     """Endless batches of rows: shuffled by `seed`, reshuffled each pass."""
 

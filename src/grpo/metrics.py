@@ -124,8 +124,9 @@ def metrics_line(m: dict, accuracy: float) -> str:
     """The key metrics of a step, in one short line."""
     held_out = "" if accuracy != accuracy else f"eval/accuracy {accuracy:.3f}  "   # NaN: no eval
     tools = (f"tool use {m['episode/tool_use_frac']:.2f}  " if "episode/tool_use_frac" in m else "")
-    return (f"reward {m['reward/mean']:.3f}  kl {m['kl']:.4f}  {tools}{held_out}"
-            f"{m['time/step_s']:.2f}s/step")
+    reward = ("reward none (no sample scored)" if math.isnan(m["reward/mean"])
+              else f"reward {m['reward/mean']:.3f}")
+    return f"{reward}  kl {m['kl']:.4f}  {tools}{held_out}{m['time/step_s']:.2f}s/step"
 
 
 class RunawayWatch:
@@ -164,3 +165,16 @@ class RunawayWatch:
             notes.append(f"kl {kl:.2f} above {self.KL_LIMIT:g}: far from the reference; if reward "
                          "falls, lower lr")
         return "".join(f"  [{n}]" for n in notes)
+
+
+def unscored_warning(m: dict, step: int) -> str | None:
+    """A line for a step where no sample could be scored (every one unscorable): its reward is
+    undefined and its update had no signal, which a mean of NaN in a progress line hides."""
+    if not math.isnan(m["reward/mean"]):
+        return None
+    silent = [k.split("/")[1] for k, v in m.items() if k.startswith("reward/") and k.endswith("/mean")
+              and k != "reward/mean" and isinstance(v, float) and math.isnan(v)]
+    return (f"warning: step {step}: none of its {m['reward/unscorable']} samples could be scored "
+            f"(no value from {', '.join(silent) or 'the reward functions'}); every advantage is 0 "
+            "and the step taught nothing. With reward_on_error=skip a reward function that raises "
+            "counts its samples unscorable: set reward_on_error=raise to see the error")

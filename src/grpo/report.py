@@ -10,6 +10,12 @@ held-out accuracy).
 
 The reflection-word plot counts, per step, the share of sampled completions that contain each of
 REFLECTION_WORDS (whole words, any case): the "aha moment" of DeepSeek-R1 shows as these rising.
+
+A panel that cannot show anything in a run is left out, and the page says why under "Not shown"
+(`why_empty`): the clip fractions with num_iterations=1 (every ratio is 1), the reflection words
+when no completion holds one, the held-out accuracy without evaluations, the episode panels of a
+single-turn run. With several runs, a panel is drawn when any run can fill it, and its caption
+names the runs that cannot, and why.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ import math
 import re
 from pathlib import Path
 
-from grpo.tracking import read_metrics
 
 REFLECTION_WORDS = ("wait", "verify", "check", "let me")
 SAMPLES_PER_STEP = 16      # completions kept per step for the browser
@@ -51,16 +56,20 @@ PANELS = [
 ]
 
 
-def _read_samples(run_dir: Path) -> list[dict]:
-    path = run_dir / "samples.jsonl"
+def _read_jsonl(run_dir: Path, name: str) -> list[dict]:
+    """The objects of a run's JSONL file; a line that does not parse (the torn last line of a run
+    that is still writing) is left out."""
+    path = run_dir / name
     if not path.is_file():
         return []
     out = []
     for line in path.read_text().splitlines():
         try:
-            out.append(json.loads(line))
+            value = json.loads(line)
         except ValueError:
             continue    # a torn last line of a run that is still going
+        if isinstance(value, dict) and isinstance(value.get("step"), int):
+            out.append(value)
     return out
 
 
@@ -75,13 +84,54 @@ def reflection_rates(samples: list[dict]) -> dict[str, tuple[list[int], list[flo
             for w, p in patterns.items()}
 
 
+def _read_config(run_dir: Path) -> dict:
+    """The run's resolved config.yaml, or {} when it has none."""
+    import yaml
+    path = run_dir / "config.yaml"
+    try:
+        return yaml.safe_load(path.read_text()) or {} if path.is_file() else {}
+    except yaml.YAMLError:
+        return {}
+
+
+def why_empty(name: str, keys: list[tuple[str, str]], metrics: list[dict], samples: list[dict],
+              config: dict) -> str | None:
+    """Why panel `name` can show nothing for this run, or None when it can."""
+    if name == "clip" and config.get("num_iterations") == 1:
+        return ("num_iterations=1: one update per batch, so pi_old is the policy that is updated, "
+                "every ratio is exactly 1 and nothing is ever clipped; with num_iterations (mu) "
+                "above 1 the later updates move the ratio and the clip acts")
+    if name == "reflection":
+        if not samples:
+            return "no samples.jsonl: no completions to read"
+        if not any(any(rates) for _, rates in reflection_rates(samples).values()):
+            mean = sum(len(s.get("completion") or "") for s in samples) / len(samples)
+            return (f"none of the {len(samples)} sampled completions ({mean:.0f} characters long on "
+                    f"average) contains {', '.join(repr(w) for w in REFLECTION_WORDS)}: they do not "
+                    "reason in words (the share rises when a model that does learns to check its "
+                    "own reasoning)")
+        return None
+    if any(_series(metrics, key)[0] for key, _ in keys):
+        return None
+    if name == "accuracy":
+        return "no held-out evaluation in this run (eval_every=0, or no held-out rows)"
+    if name.startswith("agent"):
+        return "a single-turn run: no tools or environment, so no episodes"
+    if name.startswith("reward"):
+        return "no sample could be scored at any step, so no reward was defined"
+    return "no values of " + ", ".join(key for key, _ in keys) + " in metrics.jsonl"
+
+
 def _series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
     rows = [(m["step"], m[key]) for m in metrics
             if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
-def _plot_panels(runs: list[tuple[str, list[dict], list[dict]]], out: Path) -> dict[str, Path]:
+def _plot_panels(runs: list[tuple[str, list[dict], list[dict], dict]], out: Path
+                 ) -> tuple[dict[str, Path], dict[str, dict[str, str]]]:
+    """The panels' PNGs, and for each panel the runs that cannot fill it with the reason
+    (a panel no run can fill has no PNG)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -89,15 +139,26 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict]]], out: Path) -> d
     out.mkdir(parents=True, exist_ok=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
-    files = {}
+    files, empty = {}, {}
     for name, title, keys, ylim in PANELS:
+        reasons = {}
+        for label, metrics, samples, config in runs:
+            run_keys = _per_fn_keys(metrics) if name == "reward_per_fn" else keys
+            reason = why_empty(name, run_keys, metrics, samples, config)
+            if reason:
+                reasons[label] = reason
+        empty[name] = reasons
+        if len(reasons) == len(runs):
+            (out / f"{name}.png").unlink(missing_ok=True)    # a stale one of an earlier report
+            continue
         fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=100)
         drawn = 0
-        for r, (label, metrics, samples) in enumerate(runs):
+        for r, (label, metrics, samples, _) in enumerate(runs):
+            if label in reasons:
+                continue
             prefix = f"{label}: " if len(runs) > 1 else ""
             if name == "reward_per_fn":
-                keys = [(k, k.split("/")[1]) for k in sorted({k for m in metrics for k in m})
-                        if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"]
+                keys = _per_fn_keys(metrics)
             if name == "reflection":
                 series = [(w, *reflection_rates(samples)[w]) for w in REFLECTION_WORDS] if samples else []
             else:
@@ -117,8 +178,6 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict]]], out: Path) -> d
                     lo = [y - std.get(x, 0.0) for x, y in zip(xs, ys)]
                     hi = [y + std.get(x, 0.0) for x, y in zip(xs, ys)]
                     ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
-        if not drawn:
-            ax.text(0.5, 0.5, "no data in this run", ha="center", va="center", transform=ax.transAxes)
         if ylim:
             ax.set_ylim(*ylim)
         ax.set_title(title, fontsize=10)
@@ -130,7 +189,12 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict]]], out: Path) -> d
         files[name] = out / f"{name}.png"
         fig.savefig(files[name])
         plt.close(fig)
-    return files
+    return files, empty
+
+
+def _per_fn_keys(metrics: list[dict]) -> list[tuple[str, str]]:
+    return [(k, k.split("/")[1]) for k in sorted({k for m in metrics for k in m})
+            if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"]
 
 
 def _browser_samples(samples: list[dict]) -> list[dict]:
@@ -150,13 +214,14 @@ def _browser_samples(samples: list[dict]) -> list[dict]:
 
 def _summary(label: str, metrics: list[dict]) -> str:
     train = [m for m in metrics if "reward/mean" in m]
-    evals = [m for m in metrics if "eval/accuracy" in m]
     parts = [f"<b>{html.escape(label)}</b>: {len(train)} steps"]
-    if train:
-        parts.append(f"reward/mean {train[0]['reward/mean']:.3f} → {train[-1]['reward/mean']:.3f}")
-    if evals:
-        parts.append(f"eval/accuracy {evals[0]['eval/accuracy']:.3f} → {evals[-1]['eval/accuracy']:.3f}")
-    seconds = sum(m.get("time/step_s", 0.0) for m in train)
+    for key in ("reward/mean", "eval/accuracy"):
+        _, values = _series(metrics, key)
+        if values:
+            parts.append(f"{key} {values[0]:.3f} → {values[-1]:.3f}")
+        elif key == "reward/mean" and train:
+            parts.append("reward/mean undefined at every step (no sample scored)")
+    seconds = sum(m.get("time/step_s") or 0.0 for m in train)
     parts.append(f"{seconds / 60:.1f} min of steps")
     return " · ".join(parts)
 
@@ -204,13 +269,20 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
         if not (d / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{d}: no metrics.jsonl; is it a run directory?")
     out = Path(out) if out else (dirs[0] if len(dirs) == 1 else Path("report"))
-    runs = [(d.name if d.name else str(d), read_metrics(d), _read_samples(d)) for d in dirs]
+    runs = [(d.name if d.name else str(d), _read_jsonl(d, "metrics.jsonl"),
+             _read_jsonl(d, "samples.jsonl"), _read_config(d)) for d in dirs]
     if len(dirs) == 1:
         _curves(dirs[0], runs[0][1])
-    files = _plot_panels(runs, out / "plots")
+    files, empty = _plot_panels(runs, out / "plots")
     images = "\n".join(
         f'<figure><img class="plot" alt="{name}" src="data:image/png;base64,'
-        f'{base64.b64encode(path.read_bytes()).decode()}"></figure>' for name, path in files.items())
+        f'{base64.b64encode(path.read_bytes()).decode()}">{_caption(empty[name])}</figure>'
+        for name, path in files.items())
+    titles = {name: title for name, title, _, _ in PANELS}
+    left_out = "".join(f"<li><b>{html.escape(titles[name])}</b>: "
+                       f"{html.escape(next(iter(reasons.values())))}</li>"
+                       for name, reasons in empty.items() if name not in files)
+    not_shown = f'<h2>Not shown</h2>\n<ul id="not-shown">{left_out}</ul>' if left_out else ""
     browser_json = json.dumps(_browser_samples(runs[0][2])).replace("</", "<\\/")  # no early </script>
     title = "GRPO run: " + ", ".join(html.escape(r[0]) for r in runs)
     page = f"""<!doctype html>
@@ -219,6 +291,7 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .grid {{ display: flex; flex-wrap: wrap; gap: 8px; }} figure {{ margin: 0; }}
 img.plot {{ width: 640px; max-width: 100%; border: 1px solid #ddd; }}
+figcaption {{ width: 640px; font-size: 12px; color: #555; }}
 span.env {{ background: #e8f0ff; color: #2a4a8a; }}
 table {{ border-collapse: collapse; font-size: 13px; }} td, th {{ border: 1px solid #ddd; padding: 3px 6px;
 vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
@@ -228,6 +301,7 @@ vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
 <div class="grid">
 {images}
 </div>
+{not_shown}
 <h2>Sampled completions{' of ' + html.escape(runs[0][0]) if len(runs) > 1 else ''}</h2>
 <p>Up to {SAMPLES_PER_STEP} per step. <label>Step: <select id="step"></select></label></p>
 <table><thead><tr><th>group</th><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th></tr></thead>
@@ -241,19 +315,24 @@ vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
     return path
 
 
+def _caption(reasons: dict[str, str]) -> str:
+    """Under a panel of several runs: the runs it leaves out, and why."""
+    if not reasons:
+        return ""
+    return "<figcaption>" + "; ".join(f"{html.escape(label)}: not drawn, {html.escape(why)}"
+                                      for label, why in reasons.items()) + "</figcaption>"
+
+
 def _curves(run_dir: Path, metrics: list[dict]) -> Path:
     """`curves.png`: reward/mean per step and eval/accuracy per evaluation."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train = [m for m in metrics if "reward/mean" in m]
-    evals = [m for m in metrics if "eval/accuracy" in m]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    ax.plot([m["step"] for m in train], [m["reward/mean"] for m in train], label="reward/mean (train)",
-            color="tab:blue", alpha=0.8)
-    ax.plot([m["step"] for m in evals], [m["eval/accuracy"] for m in evals], "o-",
-            label="eval/accuracy (held-out, greedy)", color="tab:orange")
+    ax.plot(*_series(metrics, "reward/mean"), label="reward/mean (train)", color="tab:blue", alpha=0.8)
+    ax.plot(*_series(metrics, "eval/accuracy"), "o-", label="eval/accuracy (held-out, greedy)",
+            color="tab:orange")
     ax.set_xlabel("GRPO step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)

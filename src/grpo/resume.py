@@ -195,8 +195,8 @@ class StopOnSignal:
     """SIGTERM or SIGINT asks the run to finish its step, write a checkpoint and stop; a second
     SIGINT stops at once (KeyboardInterrupt). Handlers are restored on exit."""
 
-    def __init__(self, log: Callable[[str], None]):
-        self.log, self.signum, self.previous = log, 0, {}
+    def __init__(self, log: Callable[[str], None], then: str = "writing a checkpoint"):
+        self.log, self.then, self.signum, self.previous = log, then, 0, {}
 
     def __enter__(self) -> "StopOnSignal":
         import threading
@@ -213,7 +213,7 @@ class StopOnSignal:
         if self.signum and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        self.log(f"{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+        self.log(f"{signal.Signals(signum).name}: finishing this step, then {self.then} "
                  "(Ctrl-C again stops at once)")
 
     def requested(self, world: distributed.World) -> int:

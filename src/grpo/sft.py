@@ -3,17 +3,24 @@
 A model that cannot yet produce the task's format gets no reward signal to learn from; a short
 supervised run on demonstrations gives it the format. The loss is cross-entropy on the completion
 tokens and the EOS that ends them; prompt tokens are context only.
+
+SIGTERM or Ctrl-C during a cold start finishes the supervised step under way, writes the model as
+it is then to OUTPUT_DIR/cold_start/ (a model directory) and stops, saying how to go on from it:
+AdamW's state and the steps not taken are what is lost (`stopped`).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from grpo.checkpoint import save_model_dir
 from grpo.models import token_logprobs
+from grpo.resume import Stopped
 
 
 def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -33,8 +40,10 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
 
 def supervised_finetune(model, tokenizer, pairs: list[tuple[str, str]], *, steps: int, lr: float,
                         batch_size: int, seed: int,
-                        on_step: Callable[[int, float, float], None] | None = None) -> list[float]:
-    """AdamW on the mean completion-token cross-entropy; returns the loss of each step."""
+                        on_step: Callable[[int, float, float], None] | None = None,
+                        stop: Callable[[], int] | None = None) -> list[float]:
+    """AdamW on the mean completion-token cross-entropy; returns the loss of each step. `stop()`
+    after each step: a signal number ends the tuning there (fewer losses than `steps`)."""
     if not pairs:
         raise ValueError("cold start needs demonstrations, but none were given")
     rng = random.Random(seed)
@@ -56,4 +65,27 @@ def supervised_finetune(model, tokenizer, pairs: list[tuple[str, str]], *, steps
         losses.append(loss.item())
         if on_step is not None:
             on_step(step, losses[-1], time.perf_counter() - start)
+        if stop is not None and stop():
+            break
     return losses
+
+
+def stopped(signum: int, done: int, steps: int, model, tokenizer, save_to: Path | None) -> Stopped:
+    """What a cold start stopped after `done` of `steps` steps keeps: the model as it is, in
+    `save_to`/cold_start (None: nothing is written, and the message says so)."""
+    import signal
+    name = signal.Signals(signum).name
+    if save_to is None:
+        return Stopped(f"stopped by {name} after cold-start step {done}/{steps}, before any GRPO "
+                       "step; nothing was written", signum)
+    path = save_model_dir(model, tokenizer, Path(save_to) / "cold_start")
+    if done == steps:
+        return Stopped(f"stopped by {name} after the cold start's last step ({done}/{steps}), "
+                       f"before any GRPO step. The cold-started model is in {path}; go on from it "
+                       f"with model={path} sft_steps=0", signum)
+    return Stopped(
+        f"stopped by {name} after cold-start step {done}/{steps}, before any GRPO step. The model "
+        f"after those {done} supervised steps is in {path}; AdamW's state and the other "
+        f"{steps - done} steps are not kept. Go on from it with model={path} sft_steps={steps - done} "
+        "(the same steps are not redrawn, so the result differs from an unstopped run's), or run "
+        "the same command again to start over", signum)

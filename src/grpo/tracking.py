@@ -32,6 +32,28 @@ def check_trackers(report_to: list[str]) -> None:
                               f"pip install {INSTALL[name]}")
 
 
+def _finite(value):
+    """`value` with every NaN or infinite float inside it (lists, dicts) turned into None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def strict_json(record: dict, note: bool = True) -> str:
+    """One line of strict JSON (RFC 8259 has no NaN): a metric that was not defined this step (a
+    NaN: the mean reward of a step where no sample could be scored, say) is written as null, and
+    with `note`, `undefined` lists those keys, so their count is its length."""
+    undefined = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    out = _finite(record)
+    if note and undefined:
+        out["undefined"] = undefined
+    return json.dumps(out, allow_nan=False)
+
+
 class NullTracker:
     def log(self, metrics: dict, step: int) -> None:
         pass
@@ -75,7 +97,7 @@ class RunTracker(NullTracker):
 
     def log(self, metrics: dict, step: int) -> None:
         record = {"step": step, **metrics}
-        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.write(strict_json(record) + "\n")
         self.metrics_file.flush()
         numbers = {k: v for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
@@ -89,7 +111,7 @@ class RunTracker(NullTracker):
 
     def samples(self, records: list[dict]) -> None:
         for record in records:
-            self.samples_file.write(json.dumps(record) + "\n")
+            self.samples_file.write(strict_json(record, note=False) + "\n")
         self.samples_file.flush()
 
     def close(self) -> None:

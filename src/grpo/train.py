@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from grpo import build, distributed, resume
+from grpo import build, distributed, resume, sft
 from grpo.advantages import ADVANTAGES, groups_with_contrast, process_supervision
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
@@ -35,7 +35,7 @@ from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
 from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
 from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
-                          sample_records, step_metrics)
+                          sample_records, step_metrics, unscored_warning)
 from grpo.models import frozen_copy, update_reference
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
@@ -98,7 +98,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     distributed.broadcast_parameters(policy, world)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     build.check_lr(c, policy, log)
-    resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log)
+    resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log, run_dir if write_files else None,
+                         world)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
@@ -144,6 +145,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
             fault_point("step")
             record(metrics, step)
+            if (warning := unscored_warning(metrics, step)) is not None:
+                log(warning)
             tracker.samples(sample_records(rollout, step))
             if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
                 accuracy = evaluate_now(step)
@@ -163,7 +166,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
 
 def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, checkpoint: Path | None,
-                         log) -> None:
+                         log, save_to: Path | None = None,
+                         world: distributed.World = distributed.World()) -> None:
     """The checkpoint's weights when resuming (its config compared with this one), else the cold
     start when `sft_steps` asks for it."""
     if checkpoint is not None:
@@ -171,7 +175,7 @@ def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, ch
             log(f"resuming with a changed key: {change}")
         resume.load_weights(policy, checkpoint)
     elif c.run.sft_steps:
-        cold_start(c, policy, tokenizer, data, log)
+        cold_start(c, policy, tokenizer, data, log, save_to, world)
     elif c.data.dataset:
         column = ("its 'completion' column is imitated with sft_steps=N" if data.demonstrations
                   else "it has no 'completion' column to imitate")
@@ -469,7 +473,10 @@ def truncated_is_weights(rollout: Rollout, cap: float) -> tuple[torch.Tensor, di
         "tis/weight_std": real.std().item() if real.numel() > 1 else 0.0}
 
 
-def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None:
+def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log, save_to: Path | None = None,
+               world: distributed.World = distributed.World()) -> None:
+    """`sft_steps` supervised steps on the demonstrations. SIGTERM or Ctrl-C finishes the step,
+    keeps the model in `save_to`/cold_start (sft.stopped) and raises resume.Stopped."""
     if not data.demonstrations:
         raise build.ConfigError(f"config key 'sft_steps' asks for a cold start, but the dataset "
                                 f"{c.data.dataset} has no 'completion' column to imitate; add one, "
@@ -478,8 +485,13 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log) -> None
     pairs = [(prompt + context, target)
              for prompt, (_, context, target) in zip(prompts, data.demonstrations)]
 
-    with Progress("cold start", c.run.sft_steps, log, every=10) as bar:
-        supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
-                            batch_size=c.run.sft_batch_size, seed=c.run.seed,
-                            on_step=lambda step, loss, seconds: bar.update(
-                                step, f"loss {loss:.3f}  {seconds:.2f}s/step"))
+    with resume.StopOnSignal(log, "keeping the model as it is") as stop, \
+            Progress("cold start", c.run.sft_steps, log, every=10) as bar:
+        losses = supervised_finetune(policy, tokenizer, pairs, steps=c.run.sft_steps, lr=c.run.sft_lr,
+                                     batch_size=c.run.sft_batch_size, seed=c.run.seed,
+                                     on_step=lambda step, loss, seconds: bar.update(
+                                         step, f"loss {loss:.3f}  {seconds:.2f}s/step"),
+                                     stop=lambda: stop.requested(world))
+    signum = stop.requested(world)
+    if signum:
+        raise sft.stopped(signum, len(losses), c.run.sft_steps, policy, tokenizer, save_to)

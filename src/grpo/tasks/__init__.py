@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from grpo.config import ConfigError
 from grpo.tasks.addition import AdditionTask
 from grpo.tasks.calculator import CalculatorTask
 from grpo.tasks.countdown import CountdownTask
@@ -35,5 +36,5 @@ TASKS: dict[str, TaskSpec] = {
 
 def get_task(name: str):
     if name not in TASKS:
-        raise ValueError(f"config key 'task': unknown task {name!r}; built-ins are {sorted(TASKS)}")
+        raise ConfigError(f"config key 'task': unknown task {name!r}; built-ins are {sorted(TASKS)}")
     return TASKS[name].make()
