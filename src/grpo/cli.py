@@ -115,10 +115,13 @@ def cmd_eval(args: list[str], options: dict) -> None:
     from grpo.progress import Progress, to_stderr
     from grpo.sampling import HFSampler
     config = _config(args)
-    data = build.load_data(config, log=to_stderr)
+    said: list[str] = []                 # shown once the model loads: an error is one line alone
+    data = build.load_data(config, log=said.append)
     if not data.eval_rows:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
     policy, tokenizer = build.load_model_and_tokenizer(config, None)
+    for line in said:
+        to_stderr(line)
     build.fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None),
                       data, log=lambda line: print(line, file=sys.stderr))
     agent = build.agent_of(config)

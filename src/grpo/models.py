@@ -86,6 +86,30 @@ def _looks_local(name: str) -> bool:
             or (str(parent) != "." and parent.is_dir()))
 
 
+def _not_on_the_hub(name: str) -> str | None:
+    """Why the hub cannot give `name`, found in seconds (a cached copy, else one request with a
+    timeout), or None when it can: the hub library's own loading retries an unreachable hub for
+    most of a minute, five times for each file, before it says so."""
+    try:
+        import huggingface_hub
+        from huggingface_hub.utils import HfHubHTTPError
+    except ImportError:
+        return None
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return None
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return "it is not in the hub cache (HF_HUB_OFFLINE is set)"
+    try:
+        huggingface_hub.model_info(name, timeout=5)
+    except huggingface_hub.errors.RepositoryNotFoundError:
+        return "the hub has no model of that name (or it is private: log in with hf auth login)"
+    except HfHubHTTPError:
+        return None                     # another answer from the hub: let the loader say more
+    except Exception as e:  # noqa: BLE001 - no network, no DNS, a timeout, a malformed name
+        return f"the hub cannot be reached or refuses the name ({type(e).__name__})"
+    return None
+
+
 def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | None]:
     """Where `key=name` loads from, checked before transformers sees it: (path, a note or None).
 
@@ -102,6 +126,9 @@ def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | Non
     if not path.exists():
         if _looks_local(name):
             raise refuse(f"no such directory; {give}")
+        why = _not_on_the_hub(name)
+        if why:
+            raise refuse(f"no directory here, so it was read as a hub name, and {why}; {give}")
         return name, None
     if not path.is_dir():
         raise refuse(f"a file, not a model directory; {give}")
