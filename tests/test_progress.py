@@ -54,12 +54,19 @@ def test_the_runaway_note_by_hand():
              [(0.70, 0.0), (0.573, 0.05), (0.376, 0.2), (0.205, 0.3)]]
     assert notes[:3] == ["", "", ""]
     assert notes[3] == "  [entropy 0.205, under half of the last 3 steps' 0.550: collapsing, lower lr]"
-    # a mean of 1.0 over the last three and 0.5 now is not under half; kl 1.31 is above 1
+    # a mean of 1.0 over the last three and 0.5 now is not under half; kl 1.31 is above 1, and
+    # the reward 0.5 is under 0.8 * mean(0.9, 0.9, 0.9) = 0.72: noted
     watch = RunawayWatch()
     for e in (1.0, 1.0, 1.0):
-        watch.note({"entropy": e, "kl": 0.0})
-    assert watch.note({"entropy": 0.5, "kl": 1.31}) == \
-        "  [kl 1.31 above 1: far from the reference; if reward falls, lower lr]"
+        watch.note({"entropy": e, "kl": 0.0, "reward/mean": 0.9})
+    assert watch.note({"entropy": 0.5, "kl": 1.31, "reward/mean": 0.5}) == (
+        "  [kl 1.31 above 1 and reward 0.500 under 0.8 of the last 3 steps' 0.900: running away "
+        "from the reference, lower lr]")
+    # the demo's end: kl 1.71 with the reward where it was (0.898 >= 0.8 * 0.93): no note
+    watch = RunawayWatch()
+    for r in (0.93, 0.94, 0.92):
+        watch.note({"entropy": 0.3, "kl": 1.3, "reward/mean": r})
+    assert watch.note({"entropy": 0.3, "kl": 1.71, "reward/mean": 0.898}) == ""
 
 
 def test_a_run_whose_entropy_collapses_says_so_in_its_progress_line(tiny_model_dir, tmp_path):

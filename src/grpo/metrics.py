@@ -140,30 +140,37 @@ class RunawayWatch:
         step fell below 0.96 of that mean, nor below 0.93 in the demo's own first 40 steps. The
         mean, not one step before, because a small step's entropy is noisy (with 16 completions a
         step, one step went from 0.81 to 1.52 and back at lr=5e-4);
-      - kl above KL_LIMIT: the policy has moved far from its reference. That alone is no
-        collapse (the demo, learning from a random model, reaches 0.87 by step 29), so the note
-        says what to do if reward falls with it.
+      - kl above KL_LIMIT while the reward falls below REWARD_DROP of its mean over the WINDOW
+        steps before: the policy has moved far from its reference and is getting worse for it.
+        KL alone is no sign (the demo, learning from a random model, ends its 300 steps at a kl of
+        1.3-1.7 with held-out accuracy 0.94).
     docs/guides/troubleshooting.md says how to pick an lr. An empty note when neither holds.
     """
     WINDOW = 3
     ENTROPY_DROP = 0.5
     KL_LIMIT = 1.0
+    REWARD_DROP = 0.8
 
     def __init__(self):
         self.entropies: list[float] = []
+        self.rewards: list[float] = []
 
     def note(self, m: dict) -> str:
         entropy, kl = m.get("entropy", math.nan), m.get("kl", math.nan)
+        reward = m.get("reward/mean", math.nan)
         self.entropies.append(entropy)
+        self.rewards.append(reward)
         notes = []
         if len(self.entropies) > self.WINDOW:
             before = sum(self.entropies[-1 - self.WINDOW:-1]) / self.WINDOW
             if entropy < self.ENTROPY_DROP * before:
                 notes.append(f"entropy {entropy:.3f}, under half of the last {self.WINDOW} steps' "
                              f"{before:.3f}: collapsing, lower lr")
-        if kl > self.KL_LIMIT:
-            notes.append(f"kl {kl:.2f} above {self.KL_LIMIT:g}: far from the reference; if reward "
-                         "falls, lower lr")
+            was = sum(self.rewards[-1 - self.WINDOW:-1]) / self.WINDOW
+            if kl > self.KL_LIMIT and reward < self.REWARD_DROP * was:
+                notes.append(f"kl {kl:.2f} above {self.KL_LIMIT:g} and reward {reward:.3f} under "
+                             f"{self.REWARD_DROP:g} of the last {self.WINDOW} steps' {was:.3f}: "
+                             "running away from the reference, lower lr")
         return "".join(f"  [{n}]" for n in notes)
 
 
