@@ -245,6 +245,11 @@ BOMBS = [
     ("\\boxed{" * 3500, "no_answer"),                        # 24k characters: took seconds
     ("\n" * 32000, "no_answer"),                              # 32k newlines: took seconds
     ("\\boxed{42} or \\boxed{\\boxed{42}}", "several_answers"),
+    # a second round: commands whose arguments are numbers (each spent the 2 s CPU budget)
+    ("\\boxed{\\frac{9}{1}^{9^{9}}}", "answer_too_large"),      # the power is the fraction's
+    ("\\boxed{\\tfrac{9}{1}^{9^{9}}}", "answer_too_large"),
+    ("\\boxed{\\binom{10^{9}}{10^{8}}}", "answer_too_large"),   # C(n, k) <= n^k
+    ("\\boxed{\\Gamma(10^{9})}", "answer_too_large"),           # (10^9 - 1)!
 ]
 
 
@@ -260,6 +265,8 @@ def test_a_bomb_scores_zero_in_bounded_time_with_its_cause_counted(completion, c
 @pytest.mark.parametrize("completion, gold", [
     ("\\boxed{2^{2017}}", "2^{2017}"), ("\\boxed{1000!}", "1000!"), ("\\boxed{e^{x^{2}}}", "e^{x^2}"),
     ("\\boxed{\\frac{\\sqrt{\\left(\\frac{1}{4}\\right)}}{2}}", "\\frac14"),
+    ("\\boxed{\\binom{100}{50}}", "\\binom{100}{50}"), ("\\boxed{\\Gamma(5)}", "24"),
+    ("\\boxed{\\frac{3}{4}^{2}}", "\\frac{9}{16}"),
 ])
 def test_answers_within_the_bounds_are_verified(completion, gold):
     # Powers and factorials of a few thousand digits, symbolic towers, four brackets deep.

@@ -11,13 +11,14 @@ here in the trainer's process and in time linear in its length, before any worke
   MAX_NUMBER_DIGITS digits, estimated from the numbers written (below).
 
 An answer within these bounds still has a CPU budget in the worker (answers.py), which catches
-what the estimate cannot see (`\\binom`, sums, products).
+what the estimate cannot see (sums, products, integrals).
 
 The estimate reads the answer as atoms (a number, a bracketed group, anything else) each followed
 by powers (`^` or `**`, right-associative, whose exponent is the next atom with its own powers) and
 factorials (`!`). It works with log10 of an upper bound on each atom's magnitude: a number's own;
 a group's, the sum of its atoms' (as if they were all multiplied, which bounds sums and quotients
-too); a letter or command's, 0 (symbolic: sympy keeps `x^{1000}` as it is). `B^E` has about
+too); `\\frac{a}{b}`'s, a's and b's summed; `\\binom{n}{k}`'s, that of n^k; `\\Gamma(n)`'s, that of n!;
+a letter or another command's, 0 (symbolic: sympy keeps `x^{1000}` as it is). `B^E` has about
 |E| * log10|B| digits, `n!` log10(n!) (Stirling). Its exponent's own powers are checked first, so a
 tower is refused whatever its base (`x^{9^{9^{9}}}` too).
 """
@@ -34,6 +35,9 @@ MAX_NUMBER_DIGITS = 4000    # Python prints no integer past 4,300 digits; 2^{201
 _OPENERS, _CLOSERS = frozenset("{(["), frozenset("})]")
 _TOKEN = re.compile(r"\d+(?:\.\d*)?|\*\*|\\[a-zA-Z]+|\\.|\s+|.", re.DOTALL)
 _LOG_LIMIT = math.log10(MAX_NUMBER_DIGITS)
+# commands whose arguments the estimate reads as numbers, not as symbols
+_FRACTIONS = frozenset({"\\frac", "\\tfrac", "\\dfrac", "\\cfrac"})
+_BINOMIALS = frozenset({"\\binom", "\\tbinom", "\\dbinom"})
 
 
 class _TooLarge(Exception):
@@ -145,4 +149,17 @@ class _Magnitudes:
             return self.sequence({"{": "}", "(": ")", "[": "]"}[token])
         if token[0].isdigit():
             return _log_number(token)
+        if token in _FRACTIONS:             # \frac{a}{b}: at most |a| * |b| either way
+            return self.argument() + self.argument()
+        if token in _BINOMIALS:             # C(n, k) <= n^k
+            log_n, log_k = self.argument(), self.argument()
+            log_digits = _log_digits(log_k, log_n)
+            return 10 ** log_digits if log_digits > -math.inf else 0.0
+        if token == "\\Gamma":             # Gamma(n) = (n - 1)!
+            return _log_factorial(self.argument())
         return 0.0                          # a letter, a command, an operator: symbolic
+
+    def argument(self) -> float:
+        """A command's argument: the next atom (a group in braces, mostly); a power after the
+        last one is the whole command's (`\\frac{9}{1}^{9^{9}}`), read by `item`."""
+        return max(self.atom(), 0.0)
