@@ -53,14 +53,16 @@ def _named_tuple(t) -> bool:
             and "__eq__" not in vars(t) and "__hash__" not in vars(t))
 
 
-def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple.__iter__):
+def encode(value, depth=0, handle=None, _type=type, _dict_items=dict.items,
+           _tuple_iter=tuple.__iter__):
     """A plain value as JSON-able data, tagged so a tuple, a set and a dict survive the trip:
     lists stay lists; {"t": [..]} tuple (and a namedtuple), {"s": [..]} set, {"fs": [..]}
     frozenset, {"d": [[k, v], ..]} dict (and defaultdict; in insertion order), {"ctr": [[k, v], ..]}
     Counter, {"o": [[k, v], ..]} OrderedDict, {"q": [..]}
     deque, {"c": [re, im]} complex, {"b": hex} bytes, {"x": hex} an int past 13,000 bits,
-    {"f": "inf"|"-inf"|"nan"} non-finite float, {"fr": [p, q]} Fraction, {"dec": text} Decimal. Any other type (a subclass of int with
-    its own `__eq__`, an instance of the program's own class) raises NotPlain."""
+    {"f": "inf"|"-inf"|"nan"} non-finite float, {"fr": [p, q]} Fraction, {"dec": text} Decimal.
+    Any other type (a subclass of int with its own `__eq__`, an instance of the program's own
+    class) is `handle(value)`'s encoding where `handle` is given, else raises NotPlain."""
     if depth > 100:
         raise NotPlain("nested more than 100 deep")
     t = _type(value)
@@ -73,20 +75,20 @@ def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple
             return {"f": repr(value)}
         return value
     if t is list:
-        return [encode(v, depth + 1) for v in value]
+        return [encode(v, depth + 1, handle) for v in value]
     if t is tuple or (issubclass(t, tuple) and _named_tuple(t)):
-        return {"t": [encode(v, depth + 1) for v in _tuple_iter(value)]}
+        return {"t": [encode(v, depth + 1, handle) for v in _tuple_iter(value)]}
     if t is set or t is frozenset:
-        items = [encode(v, depth + 1) for v in value]
+        items = [encode(v, depth + 1, handle) for v in value]
         items.sort(key=lambda e: json.dumps(e, sort_keys=True))
         return {"s": items} if t is set else {"fs": items}
     if t is dict or t is _COUNTER or t is _DEFAULT:    # in insertion order, which programs may read
-        pairs = [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _dict_items(value)]
+        pairs = [[encode(k, depth + 1, handle), encode(v, depth + 1, handle)] for k, v in _dict_items(value)]
         return {"d" if t is not _COUNTER else "ctr": pairs}
     if t is _ORDERED:
-        return {"o": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _dict_items(value)]}
+        return {"o": [[encode(k, depth + 1, handle), encode(v, depth + 1, handle)] for k, v in _dict_items(value)]}
     if t is _DEQUE:
-        return {"q": [encode(v, depth + 1) for v in value]}
+        return {"q": [encode(v, depth + 1, handle) for v in value]}
     if t is complex:
         return {"c": [value.real, value.imag]}
     if t is bytes:
@@ -95,6 +97,8 @@ def encode(value, depth=0, _type=type, _dict_items=dict.items, _tuple_iter=tuple
         return {"fr": [value.numerator, value.denominator]}
     if t is _DECIMAL:
         return {"dec": str(value)}
+    if handle is not None:
+        return handle(value)
     raise NotPlain(f"a value of type {t.__module__}.{t.__qualname__}")
 
 
@@ -256,31 +260,18 @@ def program_process(requests: int, replies: int) -> None:
         else:
             names[name] = reply_value(value)
     _send_message(replies, {"names": names})
+    ops = {"call": lambda ref, q: ref(*decode(q["args"], objects), **decode(q["kwargs"], objects)),
+           "getattr": lambda ref, q: getattr(ref, q["name"]), "iter": lambda ref, q: iter(ref),
+           "next": lambda ref, q: next(ref), "len": lambda ref, q: len(ref),
+           "getitem": lambda ref, q: ref[decode(q["key"], objects)]}
     while True:
         request = _read_message(requests)
         if request is None:
             os._exit(0)
         try:
-            op, ref = request["op"], objects[request["ref"]]
-            if op == "call":
-                args = decode(request["args"], objects)
-                kwargs = decode(request["kwargs"], objects)
-                out = reply_value(ref(*args, **kwargs))
-            elif op == "getattr":
-                out = reply_value(getattr(ref, request["name"]))
-            elif op == "iter":
-                out = reply_value(iter(ref))
-            elif op == "next":
-                try:
-                    out = reply_value(next(ref))
-                except StopIteration:
-                    out = {"stop": True}
-            elif op == "len":
-                out = reply_value(len(ref))
-            elif op == "getitem":
-                out = reply_value(ref[decode(request["key"], objects)])
-            else:
-                out = {"raised": "TypeError"}
+            out = reply_value(ops[request["op"]](objects[request["ref"]], request))
+        except StopIteration:
+            out = {"stop": True}          # the end of an iteration (the tests' side says whose)
         except BaseException as e:  # noqa: BLE001 - the program's exception, SystemExit included
             out = reply_raised(e)
         _send_message(replies, out)
@@ -339,20 +330,18 @@ class Link:
             raise kind(f"raised by the program")
         raise ProgramError(f"the program raised {name!r}")
 
-    def encode_args(self, value, depth=0):
-        """Arguments as plain data; a handle goes back as itself."""
-        if type(value) is Remote and value._link is self:
-            return {"h": value._ref}
-        if type(value) in (list, tuple) and depth < 100:
-            items = [self.encode_args(v, depth + 1) for v in value]
-            return items if type(value) is list else {"t": items}
-        if type(value) is dict and depth < 100 and any(type(v) is Remote for v in value.values()):
-            return {"d": [[encode(k), self.encode_args(v, depth + 1)] for k, v in value.items()]}
+    def encode_args(self, value):
+        """Arguments as plain data; a handle, anywhere in them, goes back as itself."""
         try:
-            return encode(value)
+            return encode(value, handle=self._handle)
         except (NotPlain, RecursionError) as e:
             raise TypeError(f"the tests passed {e} to the program; only plain values and the "
                             "program's own objects can be passed") from None
+
+    def _handle(self, value):
+        if type(value) is Remote and value._link is self:
+            return {"h": value._ref}
+        raise NotPlain(f"a value of type {type(value).__module__}.{type(value).__qualname__}")
 
 
 class Remote:
@@ -369,7 +358,7 @@ class Remote:
     def __call__(self, *args, **kwargs):
         link = self._link
         return link.value(link.ask(op="call", ref=self._ref, args=link.encode_args(list(args)),
-                                   kwargs={"d": [[k, link.encode_args(v)] for k, v in kwargs.items()]}))
+                                   kwargs=link.encode_args(kwargs)))
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -420,7 +409,7 @@ class RemoteIterator:
 
 def start_program_process():
     """Fork the program's process; it keeps only its two pipe ends, and /dev/null on 0, 1, 2.
-    Returns (requests write end, replies read end) for the tests' side."""
+    Returns (requests write end, replies read end) for the tests' side, and its pid."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     pid = os.fork()
@@ -453,14 +442,11 @@ def run_tests(job, send, link_fds):
     link = Link(*link_fds, flags)
     entry = job.get("entry_point")
     try:
-        _send_message(link.requests, {"code": job["code"], "completion": job.get("completion", ""),
-                                      "helpers": job.get("helpers", ""), "entry": entry})
-    except OSError:
-        flags.append("the program's process ended")
+        names = link.ask(code=job["code"], completion=job.get("completion", ""),
+                         helpers=job.get("helpers", ""), entry=entry)
+    except ProgramGone:
         return send({"flags": flags, **records})
-    names = _read_message(link.replies)
-    if not isinstance(names, dict) or not isinstance(names.get("names", names.get("error")),
-                                                     (dict, str)):
+    if not isinstance(names.get("names", names.get("error")), (dict, str)):
         flags.append("the program's process ended before the tests")
         return send({"flags": flags, **records})
     if "error" in names:
