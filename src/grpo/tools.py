@@ -43,6 +43,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from grpo.rewards.answers import tagged
+
 
 class ToolError(ValueError):
     """A tool that cannot be offered to the model; the message names it and the parameter."""
@@ -146,20 +148,6 @@ class Call:
     name: str
     arguments: dict = field(default_factory=dict)
     error: str | None = None            # a malformed call: what was wrong, told to the model
-
-
-def tagged(text: str, opening: str, closing: str) -> list[str]:
-    """The text between each `opening` and the next `closing`, in one pass (what
-    re.findall(opening + "(.*?)" + closing, text, re.S) finds, which takes quadratic time on a
-    completion of openings that never close)."""
-    out, at = [], 0
-    while (start := text.find(opening, at)) >= 0:
-        end = text.find(closing, start + len(opening))
-        if end < 0:
-            break
-        out.append(text[start + len(opening):end])
-        at = end + len(closing)
-    return out
 
 
 def parse_hermes(text: str, tools: dict[str, Tool]) -> list[Call]:

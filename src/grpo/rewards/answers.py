@@ -82,19 +82,24 @@ def several_boxed(text: str, spans: list[tuple[int, int]]) -> bool:
     return False
 
 
-def last_tagged(text: str) -> str | None:
-    """The contents of the last <answer>..</answer>, pairs taken left to right as a lazy regular
-    expression would, in one pass (`<answer>(.*?)</answer>` tries every `<answer>` it finds
-    against the rest of the text: quadratic on a flood of them)."""
-    found, at = None, 0
-    while True:
-        start = text.find(_ANSWER_OPEN, at)
-        if start < 0:
-            return found
-        end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+def tagged(text: str, opening: str, closing: str) -> list[str]:
+    """The text between each `opening` and the next `closing`, pairs taken left to right, in one
+    pass: what re.findall(opening + "(.*?)" + closing, text, re.S) finds, which tries every
+    opening against the rest of the text (quadratic on a flood of openings that never close)."""
+    out, at = [], 0
+    while (start := text.find(opening, at)) >= 0:
+        end = text.find(closing, start + len(opening))
         if end < 0:
-            return found
-        found, at = text[start + len(_ANSWER_OPEN):end], end + len(_ANSWER_CLOSE)
+            break
+        out.append(text[start + len(opening):end])
+        at = end + len(closing)
+    return out
+
+
+def last_tagged(text: str) -> str | None:
+    """The contents of the last <answer>..</answer> (`tagged`)."""
+    found = tagged(text, _ANSWER_OPEN, _ANSWER_CLOSE)
+    return found[-1] if found else None
 
 
 def _gsm8k_answer(text: str) -> str | None:

@@ -537,7 +537,7 @@ def _equal(got, expected) -> bool:
 
 def extract_code(completion: str) -> str:
     """The last fenced code block (```python or ```), else the whole completion."""
-    blocks = [b.split("\n", 1)[1] if "\n" in b else "" for b in completion.split("```")[1::2]]
+    blocks = extract_all_blocks(completion)
     return blocks[-1] if blocks else completion
 
 
