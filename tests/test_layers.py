@@ -13,7 +13,7 @@ LAYERS = [
      "reward_sources", "tools", "environments"},                        # infrastructure
     {"sampling", "vllm_sampler", "update", "episodes"},                 # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics",
-     "evaluate", "score"},                                               # composition
+     "evaluate", "score", "pipeline"},                                   # composition
 ]
 PURE = LAYERS[1]
 

@@ -222,7 +222,16 @@ class LossConfig:
     overlong_penalty: float = 1.0
     """The penalty at max_new_tokens when overlong_buffer is on."""
     tis_cap: float = 0.0
-    """Truncated importance sampling: weigh each token by min(pi_old / pi_sampler, cap); 0 off."""
+    """Truncated importance sampling: weigh each token by min(pi_old / pi_sampler, cap); 0 off
+    (the same as correction=tis with correction_cap=CAP)."""
+    correction: str = "none"
+    """Off-policy correction of the sampler's policy (pi_behaviour) against the trainer's (pi_old,
+    or with async_steps and proximal=decoupled, pi_prox), a weight on each token's surrogate: none,
+    is (the plain ratio), tis (truncated), token_mis or seq_mis (masked importance sampling: the
+    token's or the sequence's ratio, 0 above the cap), icepop (the ratio, 0 outside [1/cap, cap]),
+    geo_mask (a sequence whose geometric-mean ratio is outside [1/cap, cap] is masked)."""
+    correction_cap: float = 2.0
+    """The correction's threshold C (above 1)."""
 
 
 @dataclass(frozen=True)
@@ -312,8 +321,30 @@ class RunConfig:
     gradients; `fsdp` shards parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
 
 
+@dataclass(frozen=True)
+class PipelineConfig:
+    async_steps: int = 0
+    """Asynchronous GRPO: rollout workers sample while the trainer updates, and the groups trained
+    at step t are sampled from the weights after step t-1-k exactly (k = async_steps), with step t's
+    draws, whatever the timing, so a run repeats and resumes bit for bit. 0: the synchronous loop."""
+    rollout_workers: int = 1
+    """With async_steps: rollout worker processes per trainer process, each sampling and scoring an
+    equal share of every step's groups (N give what 1 gives); 0 samples in the trainer itself from
+    the lagged weights (the same groups, without the overlap)."""
+    proximal: str = "behaviour"
+    """With async_steps, pi_old of the update: behaviour (the log-probs each token was drawn with,
+    standard off-policy PPO) or decoupled (AReaL's objective: pi_prox, the trainer's weights before
+    the update, with each token's clipped term weighted by pi_prox / pi_behaviour via correction)."""
+    transfer_timeout_s: float = 600.0
+    """Longest wait for one weight or rollout transfer between trainer and a rollout worker before
+    the run stops with an error naming the peer and the tensor."""
+    worker_restarts: int = 3
+    """A rollout worker that dies is replaced and its groups re-sampled (the same draws and weight
+    version); the run stops after this many replacements."""
+
+
 SECTIONS = (ModelConfig, DataConfig, SamplingConfig, RewardConfig, LossConfig, OptimConfig, RunConfig,
-            EvalConfig, AgentConfig)
+            EvalConfig, AgentConfig, PipelineConfig)
 
 # name -> keys it sets. Explicit keys from the file or command line override a preset.
 @dataclass(frozen=True)
@@ -327,6 +358,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def flat(self) -> dict:
         """Every key and its value, as written in a YAML file."""
@@ -596,6 +628,29 @@ def validate(config: TrainConfig) -> None:
                           "(PPO-RLHF, RLOO), or kl_estimator=k2 or kl_estimator=k3 for a loss term")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
+    if c["correction"] not in ("none", "is", "tis", "token_mis", "seq_mis", "icepop", "geo_mask"):
+        raise ConfigError(f"config key 'correction' must be none, is, tis, token_mis, seq_mis, icepop "
+                          f"or geo_mask, got {c['correction']!r}")
+    if c["correction_cap"] <= 1:
+        raise ConfigError(f"config key 'correction_cap' must be above 1, got {c['correction_cap']}")
+    if c["tis_cap"] > 0 and c["correction"] not in ("none", "tis"):
+        raise ConfigError(f"config keys 'tis_cap' and 'correction' ({c['correction']}) both choose a "
+                          "correction; keep one (tis_cap=C is correction=tis correction_cap=C)")
+    if c["async_steps"] < 0 or c["rollout_workers"] < 0 or c["worker_restarts"] < 0:
+        raise ConfigError("config keys 'async_steps', 'rollout_workers' and 'worker_restarts' must be "
+                          "0 or more")
+    if c["transfer_timeout_s"] <= 0:
+        raise ConfigError("config key 'transfer_timeout_s' must be above 0")
+    if c["proximal"] not in ("behaviour", "decoupled"):
+        raise ConfigError(f"config key 'proximal' must be behaviour or decoupled, got {c['proximal']!r}")
+    if c["async_steps"] and c["proximal"] == "behaviour" and c["correction"] != "none":
+        raise ConfigError(f"config key 'correction' ({c['correction']}) weighs pi_prox / pi_behaviour, "
+                          "and with proximal=behaviour pi_old is the behaviour policy itself: set "
+                          "proximal=decoupled to correct, or correction=none")
+    if c["async_steps"] and c["tis_cap"] > 0 and c["proximal"] == "behaviour":
+        raise ConfigError("config key 'tis_cap' weighs pi_prox / pi_behaviour, and with async_steps and "
+                          "proximal=behaviour pi_old is the behaviour policy itself: set "
+                          "proximal=decoupled with correction=tis, or tis_cap=0")
     if c["sampler"] not in ("hf", "vllm"):
         raise ConfigError(f"config key 'sampler' must be hf or vllm, got {c['sampler']!r}")
     if not 0 < c["vllm_gpu_memory_utilization"] < 1:

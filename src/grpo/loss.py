@@ -16,6 +16,7 @@ Shapes: n rows of this micro-batch, T completion tokens. `mask` is 1 on real com
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import torch
@@ -158,9 +159,74 @@ def truncated_importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Ten
                                  mask: torch.Tensor, cap: float) -> torch.Tensor:
     """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings
     you off-policy RL training"): min(pi_old / pi_sampler, cap) per token, 0 on padding. [N, T]."""
+    return tis_weights(old_logp - sampler_logp, mask, cap)
+
+
+# Off-policy corrections: the policy that sampled a token (pi_behaviour: the sampler, or with
+# async_steps a rollout worker's older weights) is not the one the update starts from (pi_old, or
+# pi_prox in AReaL's decoupled objective). Each maps log rho = log pi_old - log pi_behaviour [N, T]
+# and the completion mask to a weight on every token's surrogate [N, T]: 0 masks a token (and
+# padding); `cap` is the method's threshold C > 1. Ratios are compared in log space, so a
+# sequence's product of ratios cannot overflow before it is masked.
+
+def _masked(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m = mask.bool()
-    ratio = torch.exp((old_logp - sampler_logp).masked_fill(~m, 0.0))
-    return ratio.clamp(max=cap).masked_fill(~m, 0.0)
+    return log_ratio.masked_fill(~m, 0.0), m
+
+
+def plain_is_weights(log_ratio, mask, cap):
+    """The importance weight itself, rho (AReaL's decoupled PPO, arXiv:2505.24298, eq. 5)."""
+    lr, m = _masked(log_ratio, mask)
+    return torch.exp(lr).masked_fill(~m, 0.0)
+
+
+def tis_weights(log_ratio, mask, cap):
+    """Token TIS: min(rho, C)."""
+    lr, m = _masked(log_ratio, mask)
+    return torch.exp(lr).clamp(max=cap).masked_fill(~m, 0.0)
+
+
+def token_mis_weights(log_ratio, mask, cap):
+    """Token masked importance sampling: rho where rho <= C, else 0 (the token leaves the loss)."""
+    lr, m = _masked(log_ratio, mask)
+    keep = m & (lr <= math.log(cap))
+    return torch.exp(lr.masked_fill(~keep, 0.0)).masked_fill(~keep, 0.0)
+
+
+def seq_mis_weights(log_ratio, mask, cap):
+    """Sequence masked importance sampling: the sequence's ratio prod_t rho_t on each of its
+    tokens where it is <= C; a sequence above C leaves the loss whole."""
+    lr, m = _masked(log_ratio, mask)
+    log_seq = lr.sum(-1, keepdim=True)                       # [N, 1]
+    keep = (log_seq <= math.log(cap)) & m
+    return torch.exp(log_seq.masked_fill(log_seq > math.log(cap), 0.0)).expand_as(lr).masked_fill(~keep, 0.0)
+
+
+def icepop_weights(log_ratio, mask, cap):
+    """IcePop (Ling team, Ring-1T, arXiv:2510.18855): rho where 1/C <= rho <= C, else 0: tokens on
+    which the two policies disagree too much either way take no gradient."""
+    lr, m = _masked(log_ratio, mask)
+    keep = m & (lr.abs() <= math.log(cap))
+    return torch.exp(lr.masked_fill(~keep, 0.0)).masked_fill(~keep, 0.0)
+
+
+def geo_mask_weights(log_ratio, mask, cap):
+    """Geometric-mean sequence rejection (verl's Geo-RS): a sequence whose per-token geometric-mean
+    ratio exp(mean_t log rho_t) lies outside [1/C, C] is masked whole; the others keep weight 1."""
+    lr, m = _masked(log_ratio, mask)
+    n = m.sum(-1, keepdim=True).clamp(min=1)
+    keep = ((lr.sum(-1, keepdim=True) / n).abs() <= math.log(cap)) & m
+    return keep.to(log_ratio.dtype)
+
+
+CORRECTIONS = {
+    "is": plain_is_weights,
+    "tis": tis_weights,
+    "token_mis": token_mis_weights,
+    "seq_mis": seq_mis_weights,
+    "icepop": icepop_weights,
+    "geo_mask": geo_mask_weights,
+}
 
 
 # ----------------------------------------------------------------------------- the loss

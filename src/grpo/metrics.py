@@ -63,10 +63,14 @@ def episode_metrics(rollout: Rollout) -> dict:
     return out
 
 
-def everyones_faults(world: distributed.World) -> dict[str, int]:
-    """`reward/<fn>/zero/<cause>` counts since the last step, summed over every process."""
+def everyones_faults(world: distributed.World, also: dict[str, int] | None = None) -> dict[str, int]:
+    """`reward/<fn>/zero/<cause>` counts since the last step, summed over every process (and
+    `also`: the counts rollout workers sent with their groups)."""
     total: dict[str, int] = {}
-    for part in distributed.gather_objects(faults.take(), world):
+    mine = faults.take()
+    for key, n in (also or {}).items():
+        mine[key] = mine.get(key, 0) + n
+    for part in distributed.gather_objects(mine, world):
         for key, n in part.items():
             total[key] = total.get(key, 0) + n
     return dict(sorted(total.items()))

@@ -35,6 +35,7 @@ from grpo.config import ConfigError, TrainConfig, to_yaml
 
 # Keys that may change between a run and its resumption without changing what it computes.
 FREE_TO_CHANGE = {"steps", "save_every", "keep_last", "resume", "eval_every", "output_dir", "threads",
+                  "rollout_workers", "transfer_timeout_s", "worker_restarts",
                   "log_every"}
 
 
@@ -60,9 +61,22 @@ def _full_optimizer_state(policy, optimizer) -> dict:
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+class Position:
+    """A data position to save: what `stream.state_dict()` would return (with async_steps, the
+    rollout workers' position after the groups queued in the checkpoint)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
 def save(run_dir: Path, c: TrainConfig, learner, tokenizer, stream, step: int, accuracy: float,
-         write_files: bool) -> Path | None:
-    """Write checkpoints/step-`step`/ (rank 0; every rank takes part in gathering shards)."""
+         write_files: bool, pipeline: dict | None = None) -> Path | None:
+    """Write checkpoints/step-`step`/ (rank 0; every rank takes part in gathering shards). With
+    async_steps, `pipeline` (each rank's groups already sampled for the next steps) goes to
+    pipeline.pt, so a resumed run trains on exactly those."""
     world = learner.world
     sharded = distributed.is_sharded(learner.policy)
     policy_state = distributed.full_state_dict(learner.policy) if sharded else None
@@ -70,6 +84,7 @@ def save(run_dir: Path, c: TrainConfig, learner, tokenizer, stream, step: int, a
     optimizer_state = _full_optimizer_state(learner.policy, learner.optimizer)
     rng = distributed.gather_objects({"python": random.getstate(), "numpy": np.random.get_state(),
                                       "torch": torch.get_rng_state()}, world)
+    pipelines = distributed.gather_objects(pipeline, world) if pipeline is not None else None
     if not write_files:
         return None
     state = {"step": step, "world_size": world.size, "scheduler": learner.scheduler.state_dict(),
@@ -82,6 +97,8 @@ def save(run_dir: Path, c: TrainConfig, learner, tokenizer, stream, step: int, a
             save_file({k: v.contiguous() for k, v in ref_state.items()}, tmp / "reference.safetensors")
         torch.save(optimizer_state, tmp / "optimizer.pt")
         torch.save(state, tmp / "trainer_state.pt")
+        if pipelines is not None:
+            torch.save(pipelines, tmp / "pipeline.pt")
         (tmp / "config.yaml").write_text(to_yaml(c))
 
     parent = run_dir / "checkpoints"
@@ -149,6 +166,25 @@ def reference_state(path: Path | None) -> dict | None:
     if path is None or not (path / "reference.safetensors").is_file():
         return None
     return load_file(path / "reference.safetensors")
+
+
+def pipeline_state(path: Path | None, world: distributed.World) -> dict | None:
+    """This rank's part of a checkpoint's pipeline.pt (None: not an async_steps checkpoint)."""
+    if path is None or not (path / "pipeline.pt").is_file():
+        return None
+    ranks = torch.load(path / "pipeline.pt", weights_only=False)
+    if len(ranks) != world.size:
+        raise ConfigError(f"checkpoint {path} was written by {len(ranks)} trainer processes with "
+                          f"async_steps; resume it with {len(ranks)}, not {world.size}")
+    return ranks[world.rank]
+
+
+def write_timeline(run_dir: Path, timeline: list[dict]) -> None:
+    """pipeline.jsonl: per step, when the trainer waited for its groups and when each worker
+    waited for weights and worked (seconds since the epoch; `grpo report` draws it)."""
+    with open(run_dir / "pipeline.jsonl", "a") as f:
+        for row in timeline:
+            f.write(json.dumps(row) + "\n")
 
 
 def restore(learner, stream, path: Path) -> dict:

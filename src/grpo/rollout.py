@@ -44,6 +44,8 @@ class Rollout:
     loss_mask: torch.Tensor | None = None        # [N, T] tokens that enter the loss; None = completion_mask
     context_mask: torch.Tensor | None = None     # [N, T] every real token after the prompt; None = completion_mask
     episodes: dict[str, list] = field(default_factory=dict)  # multi-turn bookkeeping, each [N]
+    versions: torch.Tensor | None = None         # [N, T] long: the weight version (optimizer steps
+    #                                              behind it) that drew each token; None: this step's
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -84,7 +86,7 @@ class Rollout:
             advantages=cut(self.advantages), old_logprobs=cut(self.old_logprobs),
             ref_logprobs=cut(self.ref_logprobs), loss_mask=cut(self.loss_mask),
             context_mask=cut(self.context_mask),
-            episodes={k: cut(v) for k, v in self.episodes.items()},
+            episodes={k: cut(v) for k, v in self.episodes.items()}, versions=cut(self.versions),
         )
 
     def trimmed(self) -> "Rollout":
@@ -103,7 +105,8 @@ class Rollout:
             completion_ids=cut(self.completion_ids, False), completion_mask=cut(self.completion_mask, False),
             sampler_logprobs=cut(self.sampler_logprobs, False), old_logprobs=cut(self.old_logprobs, False),
             ref_logprobs=cut(self.ref_logprobs, False), loss_mask=cut(self.loss_mask, False),
-            context_mask=cut(self.context_mask, False), advantages=cut(self.advantages, False))
+            context_mask=cut(self.context_mask, False), advantages=cut(self.advantages, False),
+            versions=cut(self.versions, False))
 
     def to(self, device) -> "Rollout":
         """The same rows with every tensor on `device` (the model's, for a forward pass)."""
@@ -152,4 +155,6 @@ def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
         context_mask=(torch.cat([right(p.real_mask, T, 0) for p in parts])
                       if any(p.context_mask is not None for p in parts) else None),
         episodes={k: [v for p in parts for v in p.episodes[k]] for k in parts[0].episodes},
+        versions=(torch.cat([right(p.versions, T, -1) for p in parts])
+                  if all(p.versions is not None for p in parts) else None),
     )

@@ -33,10 +33,11 @@ from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
-from grpo.loss import AGGREGATIONS, kl_penalized_rewards, truncated_importance_weights
+from grpo.loss import AGGREGATIONS, CORRECTIONS, kl_penalized_rewards
 from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
                           sample_records, step_metrics, unscored_warning)
 from grpo.models import frozen_copy, update_reference
+from grpo.pipeline import Groups, Work, split_threads
 from grpo.rewards import RewardFn, score
 from grpo.rewards.shaping import overlong_penalty
 from grpo.progress import Progress
@@ -113,6 +114,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(build.rewards_comment(data) + to_yaml(c))
         resume.cut_run_files(run_dir, first - 1)
+    # async_steps: rollout workers forked now (before any thread starts), or None (today's loop)
+    groups = start_pipeline(c, learner, tokenizer, data, stream, first, checkpoint, world, log)
     tracker = (RunTracker(run_dir, purge_step=first, report_to=c.run.report_to, config=c.flat())
                if write_files else NullTracker())
     history: list[dict] = []
@@ -135,14 +138,17 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if evaluating and first == 1:
         accuracy = evaluate_now(0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
-    with closing_on_error(tracker), resume.StopOnSignal(log) as stop, \
+    with closing_on_error(tracker, groups), resume.StopOnSignal(log) as stop, \
             Progress("step", c.run.steps, log, c.run.log_every, start=first - 1) as bar:
         for step in range(first, c.run.steps + 1):
             if learner.ref is not None and c.run.ref_reset_every and step > 1 \
                     and (step - 1) % c.run.ref_reset_every == 0:
                 update_reference(learner.ref, policy, c.run.ref_update_rate)  # a new outer iteration
             learner.step = step
-            rollout, metrics = grpo_step(c, learner, tokenizer, data, stream)
+            rollout, metrics = grpo_step(c, learner, tokenizer, data, stream, groups)
+            if groups is not None:   # version `step` goes to the workers while we log and evaluate
+                with distributed.full_parameters(learner.policy):
+                    groups.publish(step, learner.policy)
             fault_point("step")
             record(metrics, step)
             if (warning := unscored_warning(metrics, step)) is not None:
@@ -152,10 +158,18 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 accuracy = evaluate_now(step)
             signum = stop.requested(world)
             if (c.run.save_every and step % c.run.save_every == 0) or signum:
-                resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files)
+                ahead = None
+                if groups is not None:   # steps step+1 .. step+k were sampled from older weights
+                    queued, position = groups.ahead(step)
+                    ahead, stream = {"queued": queued}, resume.Position(position)
+                resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files, ahead)
             bar.update(step, metrics_line(metrics, accuracy) + runaway.note(metrics))
             if signum:
                 raise resume.Stopped.after(signum, step, c.run.steps, run_dir)
+    if groups is not None:
+        groups.close()
+        if write_files:
+            resume.write_timeline(run_dir, groups.timeline)
     write_final(c, policy, tokenizer, run_dir, write_files)
     tracker.close()
     if write_files:
@@ -193,13 +207,46 @@ def write_final(c: TrainConfig, policy, tokenizer, run_dir: Path, write_files: b
 
 
 @contextmanager
-def closing_on_error(tracker):
-    """Close the trackers (finishing a W&B or MLflow run) when the loop stops on an error."""
+def closing_on_error(tracker, groups=None):
+    """Close the trackers (finishing a W&B or MLflow run) and stop the rollout workers when the
+    loop stops on an error."""
     try:
         yield
     except BaseException:
+        if groups is not None:
+            groups.close()
         tracker.close()
         raise
+
+
+def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data, stream: PromptStream,
+                   first: int, checkpoint: Path | None, world: distributed.World, log) -> Groups | None:
+    """With async_steps = k > 0, the rollout workers of this trainer process (pipeline/): they
+    sample step t's groups from the weights after step t-1-k with step t's draws. The machine's
+    cores are split between the trainer and its workers (torch threads per role)."""
+    p = c.pipeline
+    if not p.async_steps:
+        return None
+    trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(),
+                                                    p.rollout_workers)
+    torch.set_num_threads(trainer_threads)
+    if p.rollout_workers:
+        log(f"async_steps={p.async_steps}: {p.rollout_workers} rollout worker(s) with {worker_threads} "
+            f"torch thread(s) each, the trainer with {trainer_threads}")
+
+    def sample(sampler, stream, step, share):
+        timer = {"sample": 0.0, "reward": 0.0}
+        rollout, extra = sample_scored_groups(c, sampler, tokenizer, data, stream, timer, share, step)
+        return rollout, extra, timer
+
+    work = Work(policy=learner.policy, rows=data.train_rows, seed=c.run.seed, steps=c.run.steps,
+                k=p.async_steps, make_sampler=lambda model: make_sampler(c, model, tokenizer),
+                sample=sample, pad_token_id=tokenizer.pad_token_id, threads=worker_threads,
+                timeout_s=p.transfer_timeout_s)
+    ahead = resume.pipeline_state(checkpoint, world)
+    return Groups(work, workers=p.rollout_workers, world=world, first=first,
+                  stream_state=stream.state_dict(), queued=ahead["queued"] if ahead else None,
+                  restarts=p.worker_restarts, log=log)
 
 
 def check_world(c: TrainConfig, world: distributed.World) -> None:
@@ -274,14 +321,20 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
 
 
 def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
-              stream: PromptStream) -> tuple[Rollout, dict]:
-    """One GRPO step: the four steps of Algorithm 1's inner loop, with the variants' switches."""
+              stream: PromptStream, groups: Groups | None = None) -> tuple[Rollout, dict]:
+    """One GRPO step: the four steps of Algorithm 1's inner loop, with the variants' switches.
+    With `groups` (async_steps), step 1-2's groups come from the rollout workers instead."""
     t0 = time.perf_counter()
     # 1-2. group sampling and rewards (dynamic sampling keeps only groups with contrast)
     timer = {"sample": 0.0, "reward": 0.0}
-    with distributed.full_parameters(learner.policy):
-        rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer,
-                                              learner.world, learner.step)
+    worker_faults: dict = {}
+    if groups is None:
+        with distributed.full_parameters(learner.policy):
+            rollout, extra = sample_scored_groups(c, learner.sampler, tokenizer, data, stream, timer,
+                                                  learner.world, learner.step)
+    else:
+        rollout, extra, timer, worker_faults = groups.take(learner.step)
+        extra.update(staleness(rollout, learner.step))
     t1 = time.perf_counter()
     fixed_logprobs(c, learner, rollout)
     t_ref = time.perf_counter()
@@ -299,9 +352,9 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     if c.loss.mask_truncated:
         rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
     is_weights = None
-    if c.loss.tis_cap > 0:
-        is_weights, tis_stats = truncated_is_weights(rollout, c.loss.tis_cap)
-        extra.update(tis_stats)
+    if (correction := correction_of(c)) is not None:
+        is_weights, correction_stats = off_policy_weights(rollout, *correction)
+        extra.update(correction_stats)
     t2 = time.perf_counter()
     # 4. mu policy updates against the fixed pi_old and pi_ref
     if hasattr(learner.sampler, "sleep"):
@@ -316,7 +369,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
                            reward_s=timer["reward"] + t2 - t_ref, reference_s=t_ref - t1,
                            update_s=t3 - t2, step_s=t3 - t0)
     metrics.update(extra, lr=lr)
-    metrics.update(everyones_faults(learner.world))   # why built-in rewards scored completions 0
+    metrics.update(everyones_faults(learner.world, worker_faults))   # why built-in rewards scored 0
     metrics["update/skipped_steps"] = learner.skipped_total
     metrics["data/skipped_long_prompts"] = data.skipped_long_prompts
     return rollout, metrics
@@ -350,7 +403,11 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
     """pi_old (when the ratio can differ from 1 or its values are read) and pi_ref (when beta > 0;
     with LoRA, the policy with its adapter off), held fixed for the step's updates."""
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
-    if c.optim.num_iterations > 1 or c.loss.tis_cap > 0 or c.loss.kl_in_reward:
+    if rollout.versions is not None and c.pipeline.proximal == "behaviour":
+        # async_steps: the workers' weights sampled these tokens; their log-probs are pi_old
+        rollout.old_logprobs = rollout.sampler_logprobs.clone()
+    elif (c.optim.num_iterations > 1 or correction_of(c) is not None or c.loss.kl_in_reward
+          or rollout.versions is not None):   # proximal=decoupled: pi_prox, the weights now
         with distributed.full_parameters(learner.policy):
             rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     if learner.ref is not None:
@@ -462,15 +519,43 @@ def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
     rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
 
 
-def truncated_is_weights(rollout: Rollout, cap: float) -> tuple[torch.Tensor, dict]:
-    """The TIS weights [N, T] and how far the sampler's log-probs are from the trainer's."""
+def correction_of(c: TrainConfig) -> tuple[str, float] | None:
+    """The off-policy correction and its cap: `correction`, `tis_cap` (correction=tis), or with
+    async_steps and proximal=decoupled the plain ratio pi_prox / pi_behaviour (AReaL); None: none."""
+    if c.loss.correction != "none":
+        return c.loss.correction, c.loss.correction_cap
+    if c.loss.tis_cap > 0:
+        return "tis", c.loss.tis_cap
+    if c.pipeline.async_steps and c.pipeline.proximal == "decoupled":
+        return "is", c.loss.correction_cap
+    return None
+
+
+def off_policy_weights(rollout: Rollout, name: str, cap: float) -> tuple[torch.Tensor, dict]:
+    """The correction's weights [N, T] from rho = pi_old / pi_sampler, and what they did."""
     mask = rollout.completion_mask.bool()
-    weights = truncated_importance_weights(rollout.old_logprobs, rollout.sampler_logprobs, mask, cap)
-    real = weights[mask]
-    return weights, {
-        "sampler/logp_diff": (rollout.old_logprobs - rollout.sampler_logprobs).abs()[mask].mean().item(),
-        "tis/weight_mean": real.mean().item(),
-        "tis/weight_std": real.std().item() if real.numel() > 1 else 0.0}
+    log_ratio = rollout.old_logprobs - rollout.sampler_logprobs
+    weights = CORRECTIONS[name](log_ratio, mask, cap)
+    ratio = torch.exp(log_ratio[mask])
+    stats = {"offpolicy/ratio_mean": ratio.mean().item() if ratio.numel() else math.nan,
+             "offpolicy/ratio_max": ratio.max().item() if ratio.numel() else math.nan,
+             "offpolicy/masked_frac": (weights[mask] == 0).float().mean().item() if ratio.numel() else 0.0,
+             "sampler/logp_diff": log_ratio.abs()[mask].mean().item() if ratio.numel() else 0.0}
+    if name == "tis":   # the names TIS has always logged
+        real = weights[mask]
+        stats["tis/weight_mean"] = real.mean().item()
+        stats["tis/weight_std"] = real.std().item() if real.numel() > 1 else 0.0
+    return weights, stats
+
+
+def staleness(rollout: Rollout, step: int) -> dict:
+    """How many optimizer steps behind the trainer's weights (version step - 1) each group's
+    tokens were drawn: mean and max over groups."""
+    drawn = rollout.versions.masked_fill(rollout.versions < 0, torch.iinfo(torch.long).max)
+    oldest = torch.zeros(int(rollout.group_ids.max()) + 1, dtype=torch.long).fill_(
+        torch.iinfo(torch.long).max).scatter_reduce(0, rollout.group_ids, drawn.min(-1).values, "amin")
+    behind = (step - 1 - oldest).float()
+    return {"pipeline/staleness_mean": behind.mean().item(), "pipeline/staleness_max": behind.max().item()}
 
 
 def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log, save_to: Path | None = None,

@@ -1,0 +1,267 @@
+"""The trainer's end of the pipeline: step t's groups, and the new weights after it.
+
+    take(t)      the groups of step t: from the queue a checkpoint kept, or each worker's share
+                 received and joined in worker order (so N workers give what one gives)
+    publish(t)   version t (the weights after step t) to every worker that will need it
+    ahead(t)     at a checkpoint: the parts of steps t+1 .. t+k, which only need versions up to
+                 t-1, received now and saved with it, so a resumed run re-samples nothing
+
+A worker that dies (its connection closes) is replaced by a fork of the spare process and
+restarted at the first step not yet received, from the data position after the one before, with
+the same version: it draws what the dead one would have drawn.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import signal
+import time
+
+from grpo.data import PromptStream
+from grpo.distributed import World
+from grpo.pipeline.transport import CONTROL, PARTS, Channel, PeerLost, snapshot
+from grpo.pipeline.worker import HOST, Work, Zygote, part_of, version_for
+from grpo.rollout import concat
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot go on; the message names the worker, the step and what to change."""
+
+
+class _Remote:
+    """A worker process and its channel."""
+
+    def __init__(self, index: int, generation: int, pid: int, channel: Channel):
+        self.index, self.generation, self.pid, self.channel = index, generation, pid, channel
+        self.sent = -1   # the last version sent to it
+
+    def send_weights(self, version: int, flat) -> None:
+        self.channel.send_weights(version, flat)
+        self.sent = version
+
+    def part(self, step: int) -> dict:
+        return self.channel.recv_object(PARTS, f"the groups of step {step}")
+
+    def stop(self) -> None:
+        try:
+            self.channel.send_object({"stop": True}, CONTROL)
+            deadline = time.time() + 2.0
+            while time.time() < deadline and _alive(self.pid):
+                time.sleep(0.01)
+        finally:
+            _kill(self.pid)
+
+
+class _Local:
+    """rollout_workers=0: the same parts, sampled in the trainer from a copy of the policy that
+    holds the lagged version. No overlap; the reference the worker processes must equal."""
+
+    def __init__(self, work: Work, share: World):
+        self.work, self.share = work, share
+        self.model = copy.deepcopy(work.policy)
+        self.sampler = work.make_sampler(self.model)
+        self.versions: dict[int, list] = {}
+        self.sent, self.stream, self.pid, self.generation = -1, None, os.getpid(), 0
+
+    def start(self, step: int, stream_state: dict) -> None:
+        self.stream = PromptStream(self.work.rows, self.work.seed)
+        self.stream.load_state_dict(stream_state)
+
+    def send_weights(self, version: int, flat) -> None:
+        self.versions[version] = flat
+        self.sent = version
+
+    def part(self, step: int) -> dict:
+        from grpo.pipeline.transport import load_snapshot
+        version = version_for(step, self.work.k)
+        load_snapshot(self.model, self.versions[version])
+        for old in [v for v in self.versions if v < version]:
+            del self.versions[old]
+        if hasattr(self.sampler, "sync"):
+            self.sampler.sync(self.model)
+        now = time.time()
+        part = part_of(self.work, self.sampler, self.stream, step, version, self.share)
+        part["wait"] = (now, now)
+        return part
+
+    def stop(self) -> None:
+        pass
+
+
+class Groups:
+    """Where a trainer process's groups come from with async_steps = k > 0."""
+
+    def __init__(self, work: Work, *, workers: int, world: World, first: int, stream_state: dict,
+                 queued: dict[int, dict] | None, restarts: int, log=print):
+        self.work, self.k, self.world, self.log = work, work.k, world, log
+        self.restarts_left, self.restarts = restarts, 0
+        self.queue: dict[int, dict] = dict(queued or {})
+        self.version = first - 1                    # the trainer's weights now
+        self.next = first + len(self.queue)         # the first step no worker has sent yet
+        self.stream_state = stream_state            # the data position before step `next`
+        self.snapshots = {self.version: snapshot(work.policy)}
+        need = version_for(self.next, self.k)
+        if self.next <= work.steps and need not in self.snapshots:
+            raise PipelineError(
+                f"step {self.next} trains on weight version {need}, which this checkpoint does not "
+                f"hold (it holds {self.version}): resume with the async_steps it was written with")
+        self.timeline: list[dict] = []
+        n = max(workers, 1)
+        self.shares = [World(rank=world.rank * n + j, size=world.size * n) for j in range(n)]
+        self.workers: list = []
+        self.zygote = None
+        if workers == 0:
+            local = _Local(work, world)
+            local.start(self.next, stream_state)
+            self.workers.append(local)
+            self._catch_up(local)
+            return
+        import torch.distributed as dist
+        timeout = datetime.timedelta(seconds=work.timeout_s)
+        self.store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        self.zygote = Zygote(work, self.shares)
+        for j in range(workers):
+            self.workers.append(self._start(j, 0))
+
+    # ---------------------------------------------------------------- workers
+
+    def _start(self, index: int, generation: int) -> _Remote:
+        import torch.distributed as dist
+        pid = self.zygote.start(index, generation, self.store.port)
+        timeout = datetime.timedelta(seconds=self.work.timeout_s)
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore(f"worker{index}.{generation}", self.store),
+                                          0, 2, timeout)
+        except RuntimeError as e:
+            _kill(pid)
+            raise PipelineError(f"rollout worker {index} did not connect within "
+                                f"{self.work.timeout_s:g} s (transfer_timeout_s): {e}") from None
+        remote = _Remote(index, generation, pid, Channel(group, 1, f"rollout worker {index}",
+                                                          self.work.timeout_s))
+        if self.next <= self.work.steps:
+            remote.channel.send_object({"step": self.next, "stream": self.stream_state}, CONTROL)
+            self._catch_up(remote)
+        return remote
+
+    def _catch_up(self, worker) -> None:
+        """Send a (new) worker the version its first step needs and every later one held."""
+        need = version_for(self.next, self.k)
+        for v in sorted(self.snapshots):
+            if need <= v <= self.last_needed:
+                worker.send_weights(v, self.snapshots[v])
+
+    @property
+    def last_needed(self) -> int:
+        """The newest version any step of the run samples from."""
+        return version_for(self.work.steps, self.k)
+
+    def _replace(self, j: int, error: Exception) -> None:
+        old = self.workers[j]
+        _kill(old.pid)
+        if self.restarts_left <= 0:
+            raise PipelineError(f"{error}; rollout worker {j} has died {self.restarts + 1} times, "
+                                f"more than worker_restarts={self.restarts}") from None
+        self.restarts_left -= 1
+        self.restarts += 1
+        self.log(f"rollout worker {j} died ({error}); replacing it: step {self.next} is sampled "
+                 f"again from version {version_for(self.next, self.k)} with the same draws "
+                 f"(replacement {self.restarts})")
+        self.workers[j] = self._start(j, old.generation + 1)
+
+    # ---------------------------------------------------------------- the trainer's calls
+
+    def take(self, step: int) -> tuple:
+        """(rollout, extra metrics, worker timer, worker faults) of step `step`."""
+        waited = time.time()
+        if step not in self.queue:
+            self._receive(step)
+        got = time.time()
+        parts = self.queue.pop(step)
+        self.timeline.append({"step": step, "trainer_wait": (waited, got),
+                              "workers": [{"wait": p["wait"], "work": p["work"]} for p in parts]})
+        rollout = concat([p["rollout"] for p in parts], self.work.pad_token_id)
+        extra: dict = {}
+        timer = {"sample": 0.0, "reward": 0.0}
+        worker_faults: dict = {}
+        for p in parts:
+            for key, value in p["extra"].items():
+                extra[key] = extra.get(key, 0) + value
+            for key in timer:   # workers run side by side: the step waited for the slowest
+                timer[key] = max(timer[key], p["timer"][key])
+            for key, n in p["faults"].items():
+                worker_faults[key] = worker_faults.get(key, 0) + n
+        extra["pipeline/trainer_wait_s"] = got - waited
+        extra["pipeline/worker_wait_s"] = max(p["wait"][1] - p["wait"][0] for p in parts)
+        extra["pipeline/worker_restarts"] = self.restarts
+        return rollout, extra, timer, worker_faults
+
+    def _receive(self, step: int) -> None:
+        """Every worker's part of step `step` (the next one due), replacing workers that die."""
+        if step != self.next:
+            raise PipelineError(f"the trainer asked for step {step}, the workers are at {self.next}")
+        parts = []
+        for j in range(len(self.workers)):
+            while True:
+                try:
+                    part = self.workers[j].part(step)
+                    break
+                except PeerLost as e:
+                    self._replace(j, e)
+            if "error" in part:
+                raise part["error"]
+            if part["step"] != step:
+                raise PipelineError(f"rollout worker {j} sent step {part['step']}, expected {step}")
+            parts.append(part)
+        self.queue[step] = parts
+        self.stream_state = parts[0]["stream"]
+        self.next = step + 1
+
+    def publish(self, step: int, policy) -> None:
+        """The weights after step `step` are version `step`: kept, and sent where needed."""
+        self.version = step
+        for old in [v for v in self.snapshots if v < version_for(step + 1, self.k)]:
+            del self.snapshots[old]
+        if step > self.last_needed:
+            return
+        self.snapshots[step] = flat = snapshot(policy)
+        for j, worker in enumerate(self.workers):
+            try:
+                worker.send_weights(step, flat)
+            except PeerLost as e:   # noticed again (and the worker replaced) when its part is due
+                self.log(f"rollout worker {j}: sending version {step} failed ({e})")
+
+    def ahead(self, step: int) -> tuple[dict[int, list], dict]:
+        """The parts of steps step+1 .. step+k (received now if not yet) and the data position
+        after the last of them: what a checkpoint after `step` keeps."""
+        for s in range(step + 1, min(step + self.k, self.work.steps) + 1):
+            if s not in self.queue:
+                self._receive(s)
+        return {s: parts for s, parts in self.queue.items() if s > step}, self.stream_state
+
+    def close(self) -> None:
+        for worker in self.workers:
+            try:
+                worker.stop()
+            except Exception:   # noqa: BLE001 - a worker already gone
+                _kill(worker.pid)
+        if self.zygote is not None:
+            self.zygote.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _kill(pid: int) -> None:
+    if pid == os.getpid():
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

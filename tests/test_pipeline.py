@@ -1,0 +1,221 @@
+"""Asynchronous GRPO (pipeline/): staleness bounded by schedule, so runs stay exact.
+
+The groups trained at step t come from the weights after step t-1-k with step t's draws: checked
+against a synchronous sampler given those weights, across 0 (in the trainer), 1 and 2 worker
+processes, after a SIGKILL and resume, and with a worker killed mid-run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo import build
+from grpo.config import ConfigError, build_config
+from grpo.data import PromptStream
+from grpo.pipeline import PipelineError, split_threads, version_for
+from grpo.pipeline.transport import buckets, load_snapshot, snapshot
+from grpo.sampling import HFSampler
+from grpo.train import sample_scored_groups, train
+
+BASE = {"sft_steps": 0, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "steps": 5,
+        "eval_every": 0, "save_every": 0, "lr": 3e-3, "threads": 1, "seed": 5, "beta": 0.04,
+        "report_to": []}
+CLOCKS = ("time/", "tokens/s", "pipeline/trainer_wait_s", "pipeline/worker_wait_s")
+
+
+def varied(prompts, completions, **kw):
+    """A reward with contrast inside every group, so each update moves the weights."""
+    return [(len(c) + sum(map(ord, c))) % 5 / 4 for c in completions]
+
+
+def run(tmp_path, name, model, **keys):
+    c = build_config({**BASE, "model": str(model), "output_dir": str(tmp_path / name), **keys})
+    return train(c, reward_fns=[varied], log=lambda line: None)
+
+
+def exact(history):
+    """The metrics a repeated run must repeat: all but wall-clock figures."""
+    return [{k: v for k, v in row.items() if not k.startswith(CLOCKS)} for row in history]
+
+
+def weights(result):
+    return {k: v.detach().clone() for k, v in result.policy.state_dict().items()}
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_schedule_names_the_version_each_step_trains_on():
+    assert [version_for(t, 0) for t in range(1, 5)] == [0, 1, 2, 3]        # today's loop
+    assert [version_for(t, 1) for t in range(1, 6)] == [0, 0, 1, 2, 3]     # after step t-2
+    assert [version_for(t, 2) for t in range(1, 6)] == [0, 0, 0, 1, 2]
+    assert split_threads(2, 1) == (1, 1) and split_threads(16, 3) == (4, 4) and split_threads(1, 2) == (1, 1)
+
+
+def test_async_steps_0_is_the_synchronous_loop(tiny_model_dir, tmp_path, monkeypatch):
+    default = run(tmp_path, "default", tiny_model_dir, steps=3)
+    import grpo.train as loop
+    monkeypatch.setattr(loop, "Groups", lambda *a, **k: pytest.fail("async_steps=0 started a pipeline"))
+    zero = run(tmp_path, "zero", tiny_model_dir, steps=3, async_steps=0)
+    assert exact(zero.history) == exact(default.history)
+    assert same_weights(weights(zero), weights(default))
+    assert not any(k.startswith("pipeline/") for k in zero.history[-1])
+
+
+def test_one_worker_two_workers_and_in_trainer_sampling_train_the_same_run(tiny_model_dir, tmp_path):
+    runs = {n: run(tmp_path, f"w{n}", tiny_model_dir, async_steps=1, rollout_workers=n) for n in (1, 2, 0)}
+    one = runs[1]
+    assert [row["pipeline/staleness_max"] for row in one.history] == [0, 1, 1, 1, 1]
+    for n in (2, 0):
+        assert exact(runs[n].history) == exact(one.history), n
+        assert same_weights(weights(runs[n]), weights(one)), n
+        assert (tmp_path / f"w{n}" / "samples.jsonl").read_text() == (tmp_path / "w1" / "samples.jsonl").read_text()
+    sync = run(tmp_path, "sync", tiny_model_dir)
+    # Step 1 samples version 0 with step 1's draws in both; then the async run trains on older groups.
+    def step_samples(name, step):
+        lines = (tmp_path / name / "samples.jsonl").read_text().splitlines()
+        return [line for line in lines if json.loads(line)["step"] == step]
+    assert step_samples("sync", 1) == step_samples("w1", 1) != []
+    assert step_samples("sync", 3) != step_samples("w1", 3)
+    assert not same_weights(weights(sync), weights(one))
+
+
+def test_the_groups_of_step_t_are_those_a_synchronous_sampler_draws_with_the_weights_after_t_2(
+        tiny_model_dir, tmp_path):
+    run(tmp_path, "async", tiny_model_dir, async_steps=1, save_every=1, keep_last=10)
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "x")})
+    data = build.load_data(c, [varied], log=lambda line: None)
+    policy, tokenizer = build.load_model_and_tokenizer(c, None, lambda line: None)
+    checkpoints = tmp_path / "async" / "checkpoints"
+    for t in (3, 4, 5):
+        # weights after step t-2; the data position before step t (a k=1 checkpoint after step
+        # t-2 holds the position after the groups it queued, those of step t-1)
+        policy.load_state_dict(load_file(checkpoints / f"step-{t - 2}" / "model.safetensors"), strict=False)
+        stream = PromptStream(data.train_rows, c.run.seed)
+        stream.load_state_dict(torch.load(checkpoints / f"step-{t - 2}" / "trainer_state.pt",
+                                          weights_only=False)["stream"])
+        sampler = HFSampler(policy, tokenizer, max_new_tokens=6)
+        expected, _ = sample_scored_groups(c, sampler, tokenizer, data, stream, step=t)
+        # what the worker sent for step t, kept by the checkpoint after step t-1
+        (queued,) = torch.load(checkpoints / f"step-{t - 1}" / "pipeline.pt", weights_only=False)
+        (part,) = queued["queued"][t]
+        got = part["rollout"]
+        assert part["version"] == t - 2
+        assert got.completions == expected.completions
+        for field in ("completion_ids", "completion_mask", "sampler_logprobs", "prompt_ids", "rewards"):
+            assert torch.equal(getattr(got, field), getattr(expected, field)), (t, field)
+        assert set(got.versions[got.completion_mask.bool()].tolist()) == {t - 2}
+
+
+def test_a_killed_rollout_worker_is_replaced_and_the_run_is_unchanged(tiny_model_dir, tmp_path, monkeypatch):
+    whole = run(tmp_path, "whole", tiny_model_dir, async_steps=1)
+    # SIGKILL as the worker starts its third step, with step 2's groups still on their way
+    monkeypatch.setenv("GRPO_FAULT_KILL_AT", "rollout:3")
+    lines = []
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "killed"),
+                      "async_steps": 1})
+    killed = train(c, reward_fns=[varied], log=lines.append)
+    assert any("rollout worker 0 died" in line and "step 2 is sampled again from version 0" in line
+               for line in lines), "\n".join(lines)
+    assert killed.history[-1]["pipeline/worker_restarts"] == 1
+    strip = lambda h: [{k: v for k, v in r.items() if k != "pipeline/worker_restarts"} for r in exact(h)]
+    assert strip(killed.history) == strip(whole.history)
+    assert same_weights(weights(killed), weights(whole))
+
+
+def test_a_worker_that_keeps_dying_stops_the_run_with_a_clear_error(tiny_model_dir, tmp_path, monkeypatch):
+    def dies(prompts, completions, **kw):
+        os.kill(os.getpid(), signal.SIGKILL)
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "d"),
+                      "async_steps": 1, "worker_restarts": 1})
+    with pytest.raises(PipelineError, match=r"rollout worker 0 has died 2 times, more than worker_restarts=1"):
+        train(c, reward_fns=[dies], log=lambda line: None)
+
+
+def test_a_stuck_worker_times_out_with_the_peer_and_the_transfer_named(tiny_model_dir, tmp_path):
+    import time
+
+    def slow(prompts, completions, **kw):
+        time.sleep(30)
+        return [0.0] * len(completions)
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "slow"),
+                      "async_steps": 1, "transfer_timeout_s": 2})
+    started = time.time()
+    with pytest.raises(Exception, match=r"the groups of step 1 .*from rollout worker 0: nothing arrived "
+                                        r"within 2 s \(transfer_timeout_s\)"):
+        train(c, reward_fns=[slow], log=lambda line: None)
+    assert time.time() - started < 20
+
+
+def test_a_reward_error_in_a_worker_reaches_the_trainer_as_itself(tiny_model_dir, tmp_path):
+    def broken(prompts, completions, **kw):
+        raise KeyError("no column 'answer_key' in this row")
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "e"),
+                      "async_steps": 1})
+    with pytest.raises(Exception, match="answer_key"):
+        train(c, reward_fns=[broken], log=lambda line: None)
+
+
+def launch(args, run_dir, fault="", resume=False):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_FAULT_KILL_AT": fault}
+    cmd = [sys.executable, "-m", "grpo", "train", *args, f"output_dir={run_dir}"]
+    return subprocess.run(cmd + (["resume=auto"] if resume else []), env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_sigkill_mid_pipeline_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    args = [f"model={tiny_model_dir}", "sft_steps=2", "prompts_per_step=4", "group_size=4",
+            "max_new_tokens=6", "steps=6", "eval_every=3", "eval_size=8", "save_every=2", "lr=3e-3",
+            "threads=2", "seed=4", "async_steps=1", "num_iterations=2", "report_to=[]"]
+    whole = launch(args, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    run_dir = tmp_path / "killed"
+    # killed after step 3's update, with step 4's groups in flight in the worker
+    done = launch(args, run_dir, fault="step:3")
+    assert done.returncode == -signal.SIGKILL
+    assert (run_dir / "checkpoints" / "step-2" / "pipeline.pt").is_file()
+    done = launch(args, run_dir, resume=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step-2 at step 3/6" in done.stdout
+    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    b = load_file(run_dir / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    def rows(path):
+        return exact([json.loads(line) for line in path.read_text().splitlines()])
+    assert rows(run_dir / "metrics.jsonl") == rows(tmp_path / "whole" / "metrics.jsonl")
+    assert (run_dir / "samples.jsonl").read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
+
+
+def test_weights_travel_in_buckets_and_come_back_whole(tiny):
+    policy, _ = tiny
+    params = [p for p in policy.parameters() if p.requires_grad]
+    layout = buckets(params, limit=4096)
+    assert sorted(i for b in layout for i in b) == list(range(len(params))) and len(layout) > 1
+    flat = snapshot(policy)
+    other = __import__("copy").deepcopy(policy)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.zero_()
+    load_snapshot(other, flat)
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), other.state_dict().values()))
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"async_steps": 1, "correction": "tis"}, "set proximal=decoupled"),
+    ({"async_steps": 1, "tis_cap": 2.0}, "tis_cap"),
+    ({"correction": "clip_it"}, "must be none, is, tis"),
+    ({"correction": "icepop", "correction_cap": 1.0}, "correction_cap' must be above 1"),
+    ({"proximal": "newest"}, "proximal' must be behaviour or decoupled"),
+    ({"async_steps": -1}, "async_steps"),
+    ({"transfer_timeout_s": 0}, "transfer_timeout_s"),
+])
+def test_bad_pipeline_and_correction_keys_are_named(keys, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(keys)
