@@ -181,7 +181,8 @@ class Groups:
         parts = self.queue.pop(step)
         self.timeline.append({"step": step, "trainer_wait": (waited, got),
                               "workers": [{"wait": p["wait"], "work": p["work"]} for p in parts]})
-        rollout = concat([p["rollout"] for p in parts], self.work.pad_token_id)
+        # trimmed: the same columns however the rows were split among workers (shapes change float sums)
+        rollout = concat([p["rollout"] for p in parts], self.work.pad_token_id).trimmed()
         extra: dict = {}
         timer = {"sample": 0.0, "reward": 0.0}
         worker_faults: dict = {}

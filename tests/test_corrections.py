@@ -1,0 +1,66 @@
+"""Off-policy corrections (loss.CORRECTIONS): each against numbers derived by hand, in float64.
+
+Three rows of log rho = log pi_old - log pi_behaviour, cap C = 2 (so the band is [0.5, 2]):
+    row 0: rho = 0.6, 1.5, 4.0          product 3.6,  geometric mean 3.6^(1/3) = 1.533
+    row 1: rho = 0.4, 3.0, 1.0          product 1.2,  geometric mean 1.2^(1/3) = 1.063
+    row 2: rho = 0.1, 0.2, (padding)    product 0.02, geometric mean 0.02^(1/2) = 0.141
+"""
+
+import math
+
+import pytest
+import torch
+
+from grpo.loss import CORRECTIONS, policy_loss
+
+RHO = [[0.6, 1.5, 4.0, 1.0], [0.4, 3.0, 1.0, 1.0], [0.1, 0.2, 1.0, 1.0]]
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
+LOG_RHO = torch.tensor([[math.log(r) for r in row] for row in RHO], dtype=torch.float64)
+
+EXPECTED = {
+    # the plain ratio (AReaL's decoupled objective)
+    "is": [[0.6, 1.5, 4.0, 0], [0.4, 3.0, 1.0, 0], [0.1, 0.2, 0, 0]],
+    # min(rho, 2)
+    "tis": [[0.6, 1.5, 2.0, 0], [0.4, 2.0, 1.0, 0], [0.1, 0.2, 0, 0]],
+    # rho, 0 where rho > 2
+    "token_mis": [[0.6, 1.5, 0, 0], [0.4, 0, 1.0, 0], [0.1, 0.2, 0, 0]],
+    # the sequence's product on every token, 0 for the whole row where it is > 2 (3.6)
+    "seq_mis": [[0, 0, 0, 0], [1.2, 1.2, 1.2, 0], [0.02, 0.02, 0, 0]],
+    # rho inside [0.5, 2], else 0
+    "icepop": [[0.6, 1.5, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 0]],
+    # 1 where the geometric mean is inside [0.5, 2], the whole row 0 otherwise (0.141)
+    "geo_mask": [[1, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_correction_gives_the_hand_derived_weights(name):
+    got = CORRECTIONS[name](LOG_RHO, MASK, 2.0)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, torch.tensor(EXPECTED[name], dtype=torch.float64), rtol=1e-12, atol=1e-15)
+
+
+def test_the_table_has_every_documented_correction():
+    assert set(CORRECTIONS) == set(EXPECTED)
+
+
+def test_a_long_sequence_whose_ratio_overflows_is_masked_not_infinite():
+    log_rho = torch.full((1, 4000), 0.5, dtype=torch.float64)      # product e^2000: inf in float64
+    mask = torch.ones(1, 4000)
+    assert torch.equal(CORRECTIONS["seq_mis"](log_rho, mask, 2.0), torch.zeros(1, 4000, dtype=torch.float64))
+    assert torch.isfinite(CORRECTIONS["tis"](log_rho * 2000, mask, 2.0)).all()
+
+
+def test_the_decoupled_objective_weighs_the_clipped_term_by_pi_prox_over_pi_behaviour():
+    # pi_theta = 0.3, pi_prox = 0.25, pi_behaviour = 0.2, A = 1, eps = 0.2:
+    # u = 0.3 / 0.25 = 1.2 = 1 + eps, so min(u A, clip(u) A) = 1.2; the weight 0.25 / 0.2 = 1.25
+    # gives an objective of 1.5 (loss -1.5); truncated at C = 1.1 it is 1.32.
+    logp = torch.tensor([[math.log(0.3)]], dtype=torch.float64)
+    prox = torch.tensor([[math.log(0.25)]], dtype=torch.float64)
+    behaviour = torch.tensor([[math.log(0.2)]], dtype=torch.float64)
+    mask, agg = torch.ones(1, 1), torch.ones(1, 1, dtype=torch.float64)
+    for name, cap, expected in (("is", 2.0, -1.5), ("tis", 1.1, -1.32)):
+        w = CORRECTIONS[name](prox - behaviour, mask, cap)
+        loss, _ = policy_loss(logp, prox, None, torch.ones(1, dtype=torch.float64), mask, agg,
+                              is_weights=w, eps_low=0.2, eps_high=0.2)
+        assert loss.item() == pytest.approx(expected, rel=1e-12)
