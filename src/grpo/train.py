@@ -239,10 +239,15 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
         rollout, extra = sample_scored_groups(c, sampler, tokenizer, data, stream, timer, share, step)
         return rollout, extra, timer
 
+    def draw(sampler, stream, step, share):   # without dynamic sampling, scoring can wait
+        return draw_groups(c, sampler, tokenizer, stream, c.sampling.prompts_per_step, share, step)
+
     work = Work(policy=learner.policy, rows=data.train_rows, seed=c.run.seed, steps=c.run.steps,
                 k=p.async_steps, make_sampler=lambda model: make_sampler(c, model, tokenizer),
                 sample=sample, pad_token_id=tokenizer.pad_token_id, threads=worker_threads,
-                timeout_s=p.transfer_timeout_s)
+                timeout_s=p.transfer_timeout_s,
+                draw=None if c.sampling.dynamic_sampling else draw,
+                score=lambda rollout: score_rollout(c, rollout, data))
     ahead = resume.pipeline_state(checkpoint, world)
     return Groups(work, workers=p.rollout_workers, world=world, first=first,
                   stream_state=stream.state_dict(), queued=ahead["queued"] if ahead else None,
@@ -467,16 +472,8 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
     kept: list[Rollout] = []
     have, dropped, rounds = 0, 0, 0
     while True:
-        rows = stream.next_batch(wanted - have)
-        # The draws for every row of the whole batch, from (seed, step, round): a completion is the
-        # same whichever process samples it, so N processes reproduce one.
-        draws = torch.Generator().manual_seed(hash((c.run.seed, step, rounds)) & 0x7FFFFFFF)
-        uniforms = torch.rand(len(rows) * G, sampler.max_new_tokens, generator=draws)
-        rows, uniforms = world.share(rows), uniforms[world.rows(len(rows) * G)]
         t0 = time.perf_counter()
-        part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms,
-                              rows=rows)
-        part.columns = columns_of(rows, G)
+        part = draw_groups(c, sampler, tokenizer, stream, wanted - have, world, step, rounds)
         t1 = time.perf_counter()
         score_rollout(c, part, data)
         if timer is not None:
@@ -485,7 +482,7 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
         if not c.sampling.dynamic_sampling:
             return part, {}
         contrast = set(groups_with_contrast(part.rewards, part.group_ids))
-        dropped += len(rows) - len(contrast)
+        dropped += len(part) // G - len(contrast)
         if contrast:
             kept.append(part.rows([i for i, g in enumerate(part.group_ids.tolist()) if g in contrast]))
             have += len(contrast)
@@ -494,6 +491,23 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
         rounds += 1
     rollout = concat(kept, tokenizer.pad_token_id) if kept else part
     return rollout, {"sampling/dropped_groups": dropped, "sampling/extra_rounds": rounds}
+
+
+def draw_groups(c: TrainConfig, sampler, tokenizer, stream: PromptStream, n: int,
+                world: distributed.World = distributed.World(), step: int = 0,
+                rounds: int = 0) -> Rollout:
+    """This process's share of `n` groups, sampled (not scored) with the draws of (seed, step,
+    round)."""
+    G = c.sampling.group_size
+    rows = stream.next_batch(n)
+    # The draws for every row of the whole batch, from (seed, step, round): a completion is the
+    # same whichever process samples it, so N processes reproduce one.
+    draws = torch.Generator().manual_seed(hash((c.run.seed, step, rounds)) & 0x7FFFFFFF)
+    uniforms = torch.rand(len(rows) * G, sampler.max_new_tokens, generator=draws)
+    rows, uniforms = world.share(rows), uniforms[world.rows(len(rows) * G)]
+    part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms, rows=rows)
+    part.columns = columns_of(rows, G)
+    return part
 
 
 def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:

@@ -19,6 +19,7 @@ import os
 import signal
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,6 +53,8 @@ class Work:
     pad_token_id: int
     threads: int                        # torch threads per worker
     timeout_s: float
+    draw: Callable | None = None        # (sampler, stream, step, share) -> rollout, not scored;
+    score: Callable | None = None       # with these two a step is scored while the next is drawn
 
 
 def part_of(work: Work, sampler, stream: PromptStream, step: int, version: int,
@@ -62,6 +65,28 @@ def part_of(work: Work, sampler, stream: PromptStream, step: int, version: int,
     rollout.versions = torch.where(rollout.real_mask.bool(), version, -1).long()
     return {"step": step, "rollout": rollout, "extra": extra, "timer": timer, "version": version,
             "stream": stream.state_dict(), "faults": faults.take(), "work": (started, time.time())}
+
+
+def drawn_part(work: Work, sampler, stream: PromptStream, step: int, version: int,
+               share: World) -> dict:
+    """The same share, sampled but not yet scored (`scored` finishes it)."""
+    started = time.time()
+    rollout = work.draw(sampler, stream, step, share)
+    rollout.versions = torch.where(rollout.real_mask.bool(), version, -1).long()
+    sampled = time.time()
+    return {"step": step, "rollout": rollout, "extra": {}, "version": version,
+            "timer": {"sample": sampled - started, "reward": 0.0},
+            "stream": stream.state_dict(), "work": (started, sampled)}
+
+
+def scored(work: Work, part: dict) -> dict:
+    """Score a drawn part (in the worker's scoring thread, while the next step is drawn)."""
+    started = time.time()
+    work.score(part["rollout"])
+    part["timer"]["reward"] = time.time() - started
+    part["faults"] = faults.take()   # one scoring thread: these are this part's
+    part["work"] = (part["work"][0], time.time())
+    return part
 
 
 def _die_with_parent() -> None:
@@ -93,6 +118,10 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
         model = work.policy
         sampler = work.make_sampler(model)
         version = -1
+        # Scoring (sandboxed tests, a reward server, a verifier) runs in one thread of its own
+        # while the next step is drawn: it is what the schedule lets overlap inside a worker.
+        scorer = ThreadPoolExecutor(1, "scorer") if work.draw is not None else None
+        scoring = []
         for step in range(start["step"], work.steps + 1):
             need = version_for(step, work.k)
             waited = time.time()
@@ -103,9 +132,19 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
             if hasattr(sampler, "sync"):
                 sampler.sync(model)   # an engine of its own (vLLM) takes the version's weights
             fault_point("rollout")
-            part = part_of(work, sampler, stream, step, version, share)
+            for done in [f for f in scoring if f.done()]:
+                done.result()   # a scoring thread's error stops the worker here
+                scoring.remove(done)
+            if scorer is None:
+                part = part_of(work, sampler, stream, step, version, share)
+                part["wait"] = (waited, part["work"][0])
+                channel.send_object(part, PARTS)
+                continue
+            part = drawn_part(work, sampler, stream, step, version, share)
             part["wait"] = (waited, part["work"][0])
-            channel.send_object(part, PARTS)
+            scoring.append(scorer.submit(_score_and_send, work, channel, part))
+        for f in scoring:
+            f.result()
         channel.recv_object(CONTROL, "the stop message")   # the trainer has every part
     except BaseException as e:   # noqa: BLE001 - the trainer reports it; we only pass it on
         code = 1
@@ -118,6 +157,16 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
         channel.flush()
     finally:
         os._exit(code)
+
+
+def _score_and_send(work: Work, channel: Channel, part: dict) -> None:
+    """The scoring thread's job: score the part and send it, or send what went wrong (the main
+    thread may be waiting for weights that only come once the trainer has this part)."""
+    try:
+        part = scored(work, part)
+    except BaseException as e:   # noqa: BLE001 - passed on to the trainer, which raises it
+        part = {"error": _portable(e), "trace": traceback.format_exc()}
+    channel.send_object(part, PARTS)
 
 
 def _portable(e: BaseException) -> BaseException:
