@@ -125,6 +125,9 @@ class Inputs:
     weight_sync_s: float = 0.0        # update end -> the version can be loaded by the workers
     weight_sync_trainer_s: float = 0.0  # the part of it the trainer cannot compute
     weight_load_s: float = 0.0        # a worker loading a version (no decoding meanwhile)
+    score_beside_decode: bool = False  # schedule policy: a worker scores step t in a thread of its
+    #                                   own while it decodes step t+1 (grpo's worker without dynamic
+    #                                   sampling); one scoring at a time
     shared_cores_slowdown: float = 1.0
     partial_rollout: bool = True      # timing policy
     baseline: dict = field(default_factory=dict)
@@ -374,6 +377,7 @@ def simulate_schedule(inp: Inputs, lengths: list[list[int]]) -> Result:
     slow = 1.0 if inp.colocated else inp.shared_cores_slowdown
     worker_free, worker_version = [0.0] * R, [0] * R
     worker_busy = [0.0] * R
+    scorer_free = [0.0] * R
     version_at_workers = [0.0]            # [v]: when version v can be loaded by a worker
     trainer_free, trainer_busy, trainer_wait, worker_wait = 0.0, 0.0, 0.0, 0.0
     step_end, timeline = [], []
@@ -403,13 +407,23 @@ def simulate_schedule(inp: Inputs, lengths: list[list[int]]) -> Result:
             decoded = max(ends)
             scored = score(inp, ends)
             timeline.append((start, start + decoded, f"worker {w}", f"decodes step {t}"))
-            if scored > decoded:
-                timeline.append((start + decoded, start + scored, f"worker {w}", f"scores step {t}"))
-            worker_free[w] = start + scored
-            worker_busy[w] += scored
+            if inp.score_beside_decode and not inp.colocated:
+                # grpo's worker: one scoring thread scores this step while the next one decodes
+                score_start = max(start + decoded, scorer_free[w])
+                done = score_start + (scored - decoded)
+                if done > score_start:
+                    timeline.append((score_start, done, f"worker {w} scorer", f"scores step {t}"))
+                scorer_free[w] = done
+                worker_free[w] = start + decoded
+                worker_busy[w] += decoded
+            else:
+                if scored > decoded:
+                    timeline.append((start + decoded, start + scored, f"worker {w}", f"scores step {t}"))
+                done = worker_free[w] = start + scored
+                worker_busy[w] += scored
             dec, sco = max(dec, decoded), max(sco, scored - decoded)
-            if worker_free[w] > ready:
-                ready, ready_from = worker_free[w], w
+            if done > ready:
+                ready, ready_from = done, w
         start = max(trainer_free, ready)
         if ready > trainer_free and not inp.colocated:
             timeline.append((trainer_free, ready, "trainer",

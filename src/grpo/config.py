@@ -338,6 +338,11 @@ class PipelineConfig:
     transfer_timeout_s: float = 600.0
     """Longest wait for one weight or rollout transfer between trainer and a rollout worker before
     the run stops with an error naming the peer and the tensor."""
+    trainer_threads: int = 0
+    """With async_steps: torch threads of the trainer process; 0 shares the cores (`threads`, or
+    all) evenly between the trainer and its rollout workers."""
+    worker_threads: int = 0
+    """With async_steps: torch threads of each rollout worker; 0 shares the cores evenly."""
     worker_restarts: int = 3
     """A rollout worker that dies is replaced and its groups re-sampled (the same draws and weight
     version); the run stops after this many replacements."""
@@ -636,9 +641,9 @@ def validate(config: TrainConfig) -> None:
     if c["tis_cap"] > 0 and c["correction"] not in ("none", "tis"):
         raise ConfigError(f"config keys 'tis_cap' and 'correction' ({c['correction']}) both choose a "
                           "correction; keep one (tis_cap=C is correction=tis correction_cap=C)")
-    if c["async_steps"] < 0 or c["rollout_workers"] < 0 or c["worker_restarts"] < 0:
-        raise ConfigError("config keys 'async_steps', 'rollout_workers' and 'worker_restarts' must be "
-                          "0 or more")
+    for key in ("async_steps", "rollout_workers", "worker_restarts", "trainer_threads", "worker_threads"):
+        if c[key] < 0:
+            raise ConfigError(f"config key '{key}' must be 0 or more, got {c[key]}")
     if c["transfer_timeout_s"] <= 0:
         raise ConfigError("config key 'transfer_timeout_s' must be above 0")
     if c["proximal"] not in ("behaviour", "decoupled"):

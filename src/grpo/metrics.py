@@ -130,7 +130,10 @@ def metrics_line(m: dict, accuracy: float) -> str:
     tools = (f"tool use {m['episode/tool_use_frac']:.2f}  " if "episode/tool_use_frac" in m else "")
     reward = ("reward none (no sample scored)" if math.isnan(m["reward/mean"])
               else f"reward {m['reward/mean']:.3f}")
-    return f"{reward}  kl {m['kl']:.4f}  {tools}{held_out}{m['time/step_s']:.2f}s/step"
+    # async_steps: how stale the groups were and how long the trainer waited for them
+    pipeline = (f"stale {m['pipeline/staleness_max']:.0f}  waited {m['pipeline/trainer_wait_s']:.2f}s  "
+                if "pipeline/staleness_max" in m else "")
+    return f"{reward}  kl {m['kl']:.4f}  {tools}{held_out}{pipeline}{m['time/step_s']:.2f}s/step"
 
 
 class RunawayWatch:

@@ -53,7 +53,15 @@ PANELS = [
         ("episode/tool_use_frac", "episodes calling a tool"),
         ("episode/tool_failure_rate", "failed calls"),
         ("episode/env_token_frac", "environment-token share")], (-0.02, 1.02)),
+    ("staleness", "Asynchronous GRPO: staleness of the groups (steps) and who waited (s)", [
+        ("pipeline/staleness_mean", "staleness, mean over groups"),
+        ("pipeline/trainer_wait_s", "trainer waited for its groups"),
+        ("pipeline/worker_wait_s", "worker waited for its weights")], None),
+    ("offpolicy", "Off-policy correction: pi_old / pi_behaviour per token, masked share", [
+        ("offpolicy/ratio_mean", "ratio, mean"), ("offpolicy/ratio_max", "ratio, max"),
+        ("offpolicy/masked_frac", "masked tokens")], None),
 ]
+TIMELINE_STEPS = 12        # steps drawn in the phase timeline of an async_steps run
 
 
 def _read_jsonl(run_dir: Path, name: str) -> list[dict]:
@@ -117,6 +125,12 @@ def why_empty(name: str, keys: list[tuple[str, str]], metrics: list[dict], sampl
         return "no held-out evaluation in this run (eval_every=0, or no held-out rows)"
     if name.startswith("agent"):
         return "a single-turn run: no tools or environment, so no episodes"
+    if name == "staleness":
+        return ("a synchronous run (async_steps=0): every group is sampled from the weights it is "
+                "trained on")
+    if name == "offpolicy":
+        return ("no off-policy correction (correction=none, tis_cap=0, and no async_steps with "
+                "proximal=decoupled)")
     if name.startswith("reward"):
         return "no sample could be scored at any step, so no reward was defined"
     return "no values of " + ", ".join(key for key, _ in keys) + " in metrics.jsonl"
@@ -274,11 +288,15 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
     if len(dirs) == 1:
         _curves(dirs[0], runs[0][1])
     files, empty = _plot_panels(runs, out / "plots")
+    timeline = _timeline(dirs[0], out / "plots")
+    if timeline is not None:
+        files["timeline"] = timeline
+        empty["timeline"] = {}
     images = "\n".join(
         f'<figure><img class="plot" alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode(path.read_bytes()).decode()}">{_caption(empty[name])}</figure>'
         for name, path in files.items())
-    titles = {name: title for name, title, _, _ in PANELS}
+    titles = {name: title for name, title, _, _ in PANELS} | {"timeline": "Phase timeline"}
     left_out = "".join(f"<li><b>{html.escape(titles[name])}</b>: "
                        f"{html.escape(next(iter(reasons.values())))}</li>"
                        for name, reasons in empty.items() if name not in files)
@@ -312,6 +330,45 @@ vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
 """
     path = out / "report.html"
     path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _timeline(run_dir: Path, out: Path) -> Path | None:
+    """An async_steps run's first steps from pipeline.jsonl: when the trainer waited for its groups
+    and worked, and when each rollout worker waited for weights and worked (None without it)."""
+    rows = _read_jsonl(run_dir, "pipeline.jsonl")[:TIMELINE_STEPS + 1]
+    if not rows:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = min([rows[0]["trainer_wait"][0]] + [w["wait"][0] for w in rows[0]["workers"]])
+    lanes = ["trainer"] + [f"worker {j}" for j in range(len(rows[0]["workers"]))]
+    fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.45 * len(lanes)), dpi=100)
+    for i, row in enumerate(rows[:TIMELINE_STEPS]):
+        waited, got = row["trainer_wait"]
+        ends = rows[i + 1]["trainer_wait"][0] if i + 1 < len(rows) else None
+        ax.broken_barh([(waited - t0, got - waited)], (0.6, 0.8), color="#d62728", alpha=0.6)
+        if ends is not None:
+            ax.broken_barh([(got - t0, ends - got)], (0.6, 0.8), color="#1f77b4")
+            ax.text(got - t0, 1.0, str(row["step"]), fontsize=6, va="center")
+        for j, w in enumerate(row["workers"]):
+            y = 1.6 + j
+            ax.broken_barh([(w["wait"][0] - t0, w["wait"][1] - w["wait"][0])], (y, 0.8),
+                           color="#d62728", alpha=0.6)
+            ax.broken_barh([(w["work"][0] - t0, w["work"][1] - w["work"][0])], (y, 0.8), color="#2ca02c")
+            ax.text(w["work"][0] - t0, y + 0.4, str(row["step"]), fontsize=6, va="center")
+    ax.set_yticks([1.0 + i for i in range(len(lanes))], lanes, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds. Red: waiting. Trainer, blue: step n with its logging, evaluation and "
+                  "checkpoint. Worker, green: sampling and scoring step n", fontsize=7)
+    ax.set_title(f"Phase timeline of the first {min(len(rows), TIMELINE_STEPS)} steps", fontsize=10)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "timeline.png"
+    fig.savefig(path)
+    plt.close(fig)
     return path
 
 

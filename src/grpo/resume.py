@@ -35,7 +35,7 @@ from grpo.config import ConfigError, TrainConfig, to_yaml
 
 # Keys that may change between a run and its resumption without changing what it computes.
 FREE_TO_CHANGE = {"steps", "save_every", "keep_last", "resume", "eval_every", "output_dir", "threads",
-                  "rollout_workers", "transfer_timeout_s", "worker_restarts",
+                  "rollout_workers", "transfer_timeout_s", "worker_restarts", "trainer_threads", "worker_threads",
                   "log_every"}
 
 

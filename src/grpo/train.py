@@ -129,6 +129,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
     def evaluate_now(step: int) -> float:
         with distributed.full_parameters(policy):   # every rank gathers; rank 0 evaluates
+            if groups is not None and hasattr(learner.sampler, "sync"):
+                learner.sampler.sync(policy)   # async_steps: only evaluation uses this engine
             if world.is_main:
                 rows_file = run_dir / "eval" / f"step-{step}.jsonl" if write_files else None
                 return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
@@ -146,9 +148,6 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 update_reference(learner.ref, policy, c.run.ref_update_rate)  # a new outer iteration
             learner.step = step
             rollout, metrics = grpo_step(c, learner, tokenizer, data, stream, groups)
-            if groups is not None:   # version `step` goes to the workers while we log and evaluate
-                with distributed.full_parameters(learner.policy):
-                    groups.publish(step, learner.policy)
             fault_point("step")
             record(metrics, step)
             if (warning := unscored_warning(metrics, step)) is not None:
@@ -229,6 +228,7 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
         return None
     trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(),
                                                     p.rollout_workers)
+    trainer_threads, worker_threads = p.trainer_threads or trainer_threads, p.worker_threads or worker_threads
     torch.set_num_threads(trainer_threads)
     if p.rollout_workers:
         log(f"async_steps={p.async_steps}: {p.rollout_workers} rollout worker(s) with {worker_threads} "
@@ -262,6 +262,13 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
     if c.model.lora_r and c.run.parallel == "fsdp":
         raise build.ConfigError("config key 'parallel': fsdp with LoRA ('lora_r' > 0) is not supported; "
                                 "use parallel=ddp (the base model is frozen, so only the adapter is synced)")
+    if c.pipeline.async_steps and c.sampling.dynamic_sampling and c.pipeline.rollout_workers > 1:
+        raise build.ConfigError("config key 'dynamic_sampling' with async_steps needs one rollout worker "
+                                f"(rollout_workers={c.pipeline.rollout_workers}): each worker would "
+                                "refill only its own share of the groups; set rollout_workers=1")
+    if c.pipeline.async_steps and c.run.parallel == "fsdp" and distributed.initialized():
+        raise build.ConfigError("config key 'parallel': fsdp with async_steps is not supported yet (a "
+                                "rollout worker needs whole weights); use parallel=ddp")
     if world.size == 1:
         return
     if c.sampling.prompts_per_step % world.size:
@@ -362,11 +369,15 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         extra.update(correction_stats)
     t2 = time.perf_counter()
     # 4. mu policy updates against the fixed pi_old and pi_ref
-    if hasattr(learner.sampler, "sleep"):
+    colocated = groups is None   # with async_steps the workers' engines sample, not this one
+    if colocated and hasattr(learner.sampler, "sleep"):
         learner.sampler.sleep()          # vLLM frees its memory for the update ...
     updates = update_policy(c, learner, rollout, is_weights)
-    if hasattr(learner.sampler, "sync"):
+    if colocated and hasattr(learner.sampler, "sync"):
         learner.sampler.sync(learner.policy)   # ... and samples from the new weights next step
+    if groups is not None:   # the new weights are version `step`: to the workers that need them
+        with distributed.full_parameters(learner.policy):
+            groups.publish(learner.step, learner.policy)
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()
