@@ -125,9 +125,15 @@ def main() -> None:
     ap.add_argument("--tasks", default="a,b,c,d")
     ap.add_argument("--seeds", default="0,1,2", help="seeds for tasks a and b (c and d use the first)")
     ap.add_argument("--out", default="benchmarks/results/async_pipeline")
+    ap.add_argument("--sim", action="store_true",
+                    help="no runs: feed the runs in --out to benchmarks/pipeline_sim.py (each role's "
+                         "measured phase costs) and compare its predicted step times with the measured")
     args = ap.parse_args()
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.sim:
+        check_simulator(out)
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     results_file = out / "async_pipeline.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
@@ -174,6 +180,62 @@ def main() -> None:
             results[f"{name}-seed{seed}"] = pair
             results_file.write_text(json.dumps(results, indent=1))
     write_table(results, out / "async_pipeline.md")
+
+
+def phase_medians(run_dir: Path) -> dict:
+    """Median seconds of each phase over steps 4 on, as the run's own processes measured them."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step_s" in r][3:]
+    keys = {"step": "time/step_s", "sample": "time/sample_s", "reward": "time/reward_s",
+            "reference": "time/reference_s", "update": "time/update_s",
+            "wait": "pipeline/trainer_wait_s"}
+    return {name: statistics.median(r.get(key, 0.0) for r in rows) for name, key in keys.items()}
+
+
+def sim_inputs(sync: dict, asyn: dict, rows: int) -> dict:
+    """The simulator's inputs: every phase a cost per step (lengths of 1 token, so a decode step
+    costs the measured sampling time), the async run's costs as its worker (1 thread) and trainer
+    (1 thread) measured them, the baseline's as the synchronous run (2 threads) measured them;
+    whatever else a step spent (metrics, logging) is a per-step overhead of the trainer."""
+    def costs(m: dict, trainer_other: float) -> dict:
+        return {"decode_step_s": m["sample"], "reward_s_per_batch": m["reward"],
+                "logprob_s_per_token": m["reference"] / rows, "train_s_per_token": m["update"] / rows,
+                "step_overhead_s": max(0.0, trainer_other)}
+    base = costs(sync, sync["step"] - sync["sample"] - sync["reward"] - sync["reference"] - sync["update"])
+    run = costs(asyn, asyn["step"] - asyn["wait"] - asyn["reference"] - asyn["update"])
+    return {"prompts_per_step": rows, "group_size": 1, "steps": 40, "async_steps": 1,
+            "lengths": {"kind": "constant", "value": 1}, "rollout_workers": 1, "colocated": False,
+            "score_beside_decode": True, **run, "baseline": {"colocated": True, **base}}
+
+
+def check_simulator(out: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    import pipeline_sim
+    results = json.loads((out / "async_pipeline.json").read_text())
+    lines = ["| task, seed | measured sync step | measured async step | predicted async step | error | "
+             "measured ratio | predicted ratio |", "|---|---|---|---|---|---|---|"]
+    checked = {}
+    for key, pair in sorted(results.items()):
+        task, seed = key.split("-seed")
+        sync = phase_medians(out / f"{task}-sync-seed{seed}")
+        asyn = phase_medians(out / f"{task}-async-seed{seed}")
+        data = sim_inputs(sync, asyn, rows=128)
+        (out / f"sim-{key}.json").write_text(json.dumps(data, indent=1))
+        got = pipeline_sim.compare(pipeline_sim.load_inputs(data))
+        predicted = got["run"].median_step_s
+        measured = pair["async"]["median_step_s"]
+        error = predicted / measured - 1
+        checked[key] = {"predicted_async_step_s": predicted, "measured_async_step_s": measured,
+                        "error": error, "predicted_ratio": 1 / got["speedup_step"],
+                        "measured_ratio": pair["step_ratio"],
+                        "predicted_sync_step_s": got["baseline"].median_step_s,
+                        "measured_sync_step_s": pair["sync"]["median_step_s"]}
+        lines.append(f"| {key} | {pair['sync']['median_step_s']:.3f} s | {measured:.3f} s | "
+                     f"{predicted:.3f} s | {error:+.1%} | {pair['step_ratio']:.2f} | "
+                     f"{1 / got['speedup_step']:.2f} |")
+        print(lines[-1], flush=True)
+    (out / "pipeline_sim_check.json").write_text(json.dumps(checked, indent=1))
+    (out / "pipeline_sim_check.md").write_text("\n".join(lines) + "\n")
 
 
 def write_table(results: dict, path: Path) -> None:

@@ -267,3 +267,36 @@ def test_the_decoupled_objective_with_a_correction_logs_what_it_did(tiny_model_d
     assert abs(rows[0]["offpolicy/ratio_mean"] - 1) < 1e-4 and rows[0]["offpolicy/masked_frac"] == 0
     # two steps stale with lr 3e-3: some tokens' ratios leave [1/1.02, 1.02] and are masked
     assert rows[-1]["offpolicy/ratio_max"] > 1.02 and 0 < rows[-1]["offpolicy/masked_frac"] < 1
+
+
+def test_dynamic_sampling_over_several_workers_is_refused_before_any_work(tiny_model_dir, tmp_path):
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "ds"),
+                      "async_steps": 1, "rollout_workers": 2, "dynamic_sampling": True})
+    with pytest.raises(ConfigError, match=r"dynamic_sampling' with async_steps needs one rollout worker"):
+        train(c, log=lambda line: None)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_two_trainers_with_a_worker_each_equal_one_trainer_with_two_workers(tiny_model_dir, tmp_path):
+    """Under torchrun every trainer process forks its own rollout workers, and worker j of
+    trainer r samples share r*N + j of every step: so 2 x 1 samples what 1 x 2 does, and the two
+    runs agree up to DDP's summation order (test_distributed.py's tolerance)."""
+    from test_distributed import ARGS as DDP_ARGS, REWARD, torchrun
+    from test_distributed import run as run_cmd
+    (tmp_path / "shaped.py").write_text(REWARD)
+    args = [f"model={tiny_model_dir}", *DDP_ARGS, "rewards=[shaped:distinct]", "async_steps=1",
+            "report_to=[]"]
+    run_cmd([sys.executable, "-m", "grpo", "train", *args, "rollout_workers=2",
+             f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run_cmd([*torchrun(2), *args, "rollout_workers=1", f"output_dir={tmp_path / 'two'}"], tmp_path)
+    def rows(name):
+        return exact([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    one, two = rows("one"), rows("two")
+    assert [r["pipeline/staleness_max"] for r in two] == [0, 1, 1] and len(one) == 3
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        assert all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6) for k in a), a["step"]
+    p1, p2 = (load_file(tmp_path / n / "final" / "model.safetensors") for n in ("one", "two"))
+    start = load_file(tiny_model_dir / "model.safetensors")
+    assert max((p1[k] - start[k]).abs().max().item() for k in p1) > 1e-4     # it trained
+    assert max((p1[k] - p2[k]).abs().max().item() for k in p1) < 2e-5

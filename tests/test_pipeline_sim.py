@@ -194,3 +194,17 @@ def test_workers_can_take_whole_steps_in_turn():
     # [9, 10].
     res = sim.simulate(inputs(decode_step_s=0.2, rollout_workers=2, split="steps"))
     assert ends(res) == [3, 4, 6, 7, 9, 10]
+
+
+def test_scoring_beside_the_next_decode_hides_the_decode_behind_a_slow_judge():
+    # decode 0.1 s (1 token), a judge 0.5 s per batch, update 0.3 s (3 tokens' cost on 1 token).
+    # Scored after decoding, a worker takes 0.6 s a step; with its scorer thread scoring step t
+    # while it decodes step t+1 (versions allow it at k=1: step t+1 needs v(t), out once step
+    # t-1 is trained), the scorer is the bottleneck: 0.5 s a step. Synchronous: 0.1 + 0.5 + 0.3.
+    kw = dict(steps=20, lengths={"kind": "constant", "value": 1}, reward_s_per_batch=0.5,
+              train_s_per_token=0.3)
+    serial = sim.compare(inputs(**kw))
+    beside = sim.compare(inputs(score_beside_decode=True, **kw))
+    assert serial["run"].median_step_s == pytest.approx(0.6)
+    assert beside["run"].median_step_s == pytest.approx(0.5)
+    assert beside["baseline"].median_step_s == pytest.approx(0.9)

@@ -129,6 +129,11 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     elif c.run.sft_steps:
         notes.append(f"sft_steps={c.run.sft_steps}, but no cold start: the data has no "
                      "demonstrations (a dataset's `completion` column), so the model is as loaded")
+    if c.pipeline.async_steps:
+        notes.append(f"async_steps={c.pipeline.async_steps}: in a run, step t trains on groups a "
+                     f"rollout worker sampled from the weights after step t-1-{c.pipeline.async_steps} "
+                     "(docs/guides/async.md); this one step samples with the weights it updates, so "
+                     "pi_old is the policy that sampled, as at step 1")
     learner = make_learner(c, policy, tok)
     G, T = c.sampling.group_size, learner.sampler.max_new_tokens
     draws = torch.Generator().manual_seed(c.run.seed)
