@@ -125,6 +125,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="a,b,c,d")
     ap.add_argument("--seeds", default="0,1,2", help="seeds for tasks a and b (c and d use the first)")
     ap.add_argument("--out", default="benchmarks/results/async_pipeline")
+    ap.add_argument("--again", action="store_true", help="measure pairs already in the results again")
     ap.add_argument("--sim", action="store_true",
                     help="no runs: feed the runs in --out to benchmarks/pipeline_sim.py (each role's "
                          "measured phase costs) and compare its predicted step times with the measured")
@@ -158,6 +159,8 @@ def main() -> None:
                      "rewards=[code_tests]", "sft_steps=60", "max_new_tokens=24", "steps=40",
                      "eval_every=20", "eval_size=100", "code_workers=2"]
         for seed in task_seeds:
+            if f"{name}-seed{seed}" in results and not args.again:
+                continue   # measured already (--again measures it anew)
             pair = {}
             modes = ["sync", "async"] if seed % 2 == 0 else ["async", "sync"]
             for mode in modes:

@@ -26,7 +26,7 @@ from grpo.train import sample_scored_groups, train
 BASE = {"sft_steps": 0, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "steps": 5,
         "eval_every": 0, "save_every": 0, "lr": 3e-3, "threads": 1, "seed": 5, "beta": 0.04,
         "report_to": []}
-CLOCKS = ("time/", "tokens/s", "pipeline/trainer_wait_s", "pipeline/worker_wait_s")
+CLOCKS = ("time/", "tokens/s", "pipeline/trainer_wait_s", "pipeline/worker_wait_s", "pipeline/publish_s")
 
 
 def varied(prompts, completions, **kw):
@@ -222,6 +222,14 @@ def test_bad_pipeline_and_correction_keys_are_named(keys, message):
         build_config(keys)
 
 
+def test_workers_that_cannot_share_the_groups_evenly_are_refused_before_any_work(tiny_model_dir, tmp_path):
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "odd"),
+                      "async_steps": 1, "rollout_workers": 3})
+    with pytest.raises(ConfigError, match=r"'prompts_per_step' \(4\) must be divisible by the number of "
+                                          r"rollout workers \(3: rollout_workers=3"):
+        train(c, log=lambda line: None)
+
+
 def test_multi_turn_episodes_sampled_by_two_workers_are_those_the_trainer_samples(agent_model_dir, tmp_path):
     """Episodes (guess_number answers every turn) split over two workers: every token, mask and
     reward is the same as one sampler's. The episode sampler's recorded log-probs depend on which
@@ -300,3 +308,11 @@ def test_two_trainers_with_a_worker_each_equal_one_trainer_with_two_workers(tiny
     start = load_file(tiny_model_dir / "model.safetensors")
     assert max((p1[k] - start[k]).abs().max().item() for k in p1) > 1e-4     # it trained
     assert max((p1[k] - p2[k]).abs().max().item() for k in p1) < 2e-5
+
+
+def test_an_async_checkpoint_resumed_without_async_steps_is_refused(tiny_model_dir, tmp_path):
+    run(tmp_path, "r", tiny_model_dir, async_steps=1, steps=2, save_every=2)
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "r"),
+                      "steps": 4, "resume": "auto"})
+    with pytest.raises(ConfigError, match=r"was written with async_steps .*resume it with the async_steps"):
+        train(c, reward_fns=[varied], log=lambda line: None)

@@ -335,9 +335,10 @@ class PipelineConfig:
     """With async_steps, pi_old of the update: behaviour (the log-probs each token was drawn with,
     standard off-policy PPO) or decoupled (AReaL's objective: pi_prox, the trainer's weights before
     the update, with each token's clipped term weighted by pi_prox / pi_behaviour via correction)."""
-    transfer_timeout_s: float = 600.0
-    """Longest wait for one weight or rollout transfer between trainer and a rollout worker before
-    the run stops with an error naming the peer and the tensor."""
+    transfer_timeout_s: float = 1800.0
+    """Longest wait for a step's groups once the trainer needs them, and for any one transfer
+    between trainer and rollout worker, before the run stops with an error naming the peer, the
+    step and the tensor. (A worker waits for the trainer's next weights as long as it lives.)"""
     trainer_threads: int = 0
     """With async_steps: torch threads of the trainer process; 0 shares the cores (`threads`, or
     all) evenly between the trainer and its rollout workers."""

@@ -224,7 +224,13 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
     sample step t's groups from the weights after step t-1-k with step t's draws. The machine's
     cores are split between the trainer and its workers (torch threads per role)."""
     p = c.pipeline
+    ahead = resume.pipeline_state(checkpoint, world)
     if not p.async_steps:
+        if ahead is not None:
+            raise build.ConfigError(
+                f"config key 'async_steps': checkpoint {checkpoint} was written with async_steps "
+                f"(its groups for the next steps are queued in it); resume it with the async_steps "
+                f"of its config.yaml")
         return None
     trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(),
                                                     p.rollout_workers)
@@ -248,7 +254,6 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
                 timeout_s=p.transfer_timeout_s,
                 draw=None if c.sampling.dynamic_sampling else draw,
                 score=lambda rollout: score_rollout(c, rollout, data))
-    ahead = resume.pipeline_state(checkpoint, world)
     return Groups(work, workers=p.rollout_workers, world=world, first=first,
                   stream_state=stream.state_dict(), queued=ahead["queued"] if ahead else None,
                   restarts=p.worker_restarts, log=log)
@@ -266,6 +271,12 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
         raise build.ConfigError("config key 'dynamic_sampling' with async_steps needs one rollout worker "
                                 f"(rollout_workers={c.pipeline.rollout_workers}): each worker would "
                                 "refill only its own share of the groups; set rollout_workers=1")
+    shares = world.size * max(1, c.pipeline.rollout_workers)
+    if c.pipeline.async_steps and c.sampling.prompts_per_step % shares:
+        raise build.ConfigError(
+            f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
+            f"number of rollout workers ({shares}: rollout_workers={c.pipeline.rollout_workers} per "
+            f"trainer process x {world.size}): each worker samples whole groups")
     if c.pipeline.async_steps and c.run.parallel == "fsdp" and distributed.initialized():
         raise build.ConfigError("config key 'parallel': fsdp with async_steps is not supported yet (a "
                                 "rollout worker needs whole weights); use parallel=ddp")
@@ -375,15 +386,17 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     updates = update_policy(c, learner, rollout, is_weights)
     if colocated and hasattr(learner.sampler, "sync"):
         learner.sampler.sync(learner.policy)   # ... and samples from the new weights next step
+    t_update = time.perf_counter()
     if groups is not None:   # the new weights are version `step`: to the workers that need them
         with distributed.full_parameters(learner.policy):
             groups.publish(learner.step, learner.policy)
+        extra["pipeline/publish_s"] = time.perf_counter() - t_update
     lr = learner.scheduler.get_last_lr()[0]
     learner.scheduler.step()  # once per GRPO step: warmup and decay count steps, not updates
     t3 = time.perf_counter()
     metrics = step_metrics(everyones_rows(rollout, learner.world), updates, sample_s=timer["sample"],
                            reward_s=timer["reward"] + t2 - t_ref, reference_s=t_ref - t1,
-                           update_s=t3 - t2, step_s=t3 - t0)
+                           update_s=t_update - t2, step_s=t3 - t0)
     metrics.update(extra, lr=lr)
     metrics.update(everyones_faults(learner.world, worker_faults))   # why built-in rewards scored 0
     metrics["update/skipped_steps"] = learner.skipped_total

@@ -26,6 +26,9 @@ from grpo.pipeline.worker import HOST, Work, Zygote, part_of, version_for
 from grpo.rollout import concat
 
 
+CONNECT_S = 120.0   # the longest a new rollout worker may take to join its trainer's group
+
+
 class PipelineError(RuntimeError):
     """The pipeline cannot go on; the message names the worker, the step and what to change."""
 
@@ -130,14 +133,14 @@ class Groups:
     def _start(self, index: int, generation: int) -> _Remote:
         import torch.distributed as dist
         pid = self.zygote.start(index, generation, self.store.port)
-        timeout = datetime.timedelta(seconds=self.work.timeout_s)
+        connect_s = min(self.work.timeout_s, CONNECT_S)   # a fork connects in well under a second
         try:
             group = dist.ProcessGroupGloo(dist.PrefixStore(f"worker{index}.{generation}", self.store),
-                                          0, 2, timeout)
+                                          0, 2, datetime.timedelta(seconds=connect_s))
         except RuntimeError as e:
             _kill(pid)
-            raise PipelineError(f"rollout worker {index} did not connect within "
-                                f"{self.work.timeout_s:g} s (transfer_timeout_s): {e}") from None
+            raise PipelineError(f"rollout worker {index} did not connect within {connect_s:g} s: "
+                                f"{str(e).splitlines()[0][:200]}") from None
         remote = _Remote(index, generation, pid, Channel(group, 1, f"rollout worker {index}",
                                                           self.work.timeout_s))
         if self.next <= self.work.steps:

@@ -21,6 +21,9 @@ import torch
 
 WEIGHTS, PARTS, CONTROL = 0, 1, 2          # gloo tags of the three streams
 BUCKET_BYTES = 32 << 20                    # weights travel in buckets of at most 32 MiB
+# A worker waiting for the trainer's next version waits as long as the trainer lives (a step, an
+# evaluation or a checkpoint may take long; the worker dies with the trainer): a day.
+TRAINER_PATIENCE_S = 86400.0
 
 
 class TransferTimeout(RuntimeError):
@@ -81,11 +84,11 @@ class Channel:
         self.timeout_s = timeout_s
         self.pending: list[tuple[object, object]] = []   # (work, buffer): sends in flight
 
-    def _failed(self, error: RuntimeError, what: str) -> RuntimeError:
+    def _failed(self, error: RuntimeError, what: str, timeout_s: float | None = None) -> RuntimeError:
         text = str(error)
         if "Timed out" in text or "timed out" in text:
             return TransferTimeout(
-                f"{what} from {self.peer}: nothing arrived within {self.timeout_s:g} s "
+                f"{what} from {self.peer}: nothing arrived within {timeout_s or self.timeout_s:g} s "
                 "(transfer_timeout_s); the peer is stuck or the machine is overloaded")
         reason = next((r for r in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
                        if r in text), text.splitlines()[0][:160] if text else "no reason given")
@@ -93,14 +96,18 @@ class Channel:
 
     def send(self, tensor: torch.Tensor, tag: int) -> None:
         """Start sending; the tensor is kept alive until the send is known to have finished."""
-        work = self.group.send([tensor], self.peer_rank, tag)
+        try:
+            work = self.group.send([tensor], self.peer_rank, tag)
+        except RuntimeError as e:   # the peer is already gone
+            raise self._failed(e, f"sending to {self.peer}") from None
         self.pending.append((work, tensor))
 
-    def recv(self, tensor: torch.Tensor, tag: int, what: str) -> None:
+    def recv(self, tensor: torch.Tensor, tag: int, what: str, timeout_s: float | None = None) -> None:
+        timeout = self.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         try:
-            self.group.recv([tensor], self.peer_rank, tag).wait(self.timeout)
+            self.group.recv([tensor], self.peer_rank, tag).wait(timeout)
         except RuntimeError as e:
-            raise self._failed(e, what) from None
+            raise self._failed(e, what, timeout_s) from None
 
     def flush(self, what: str = "a send") -> None:
         """Wait for every send in flight (their buffers may then be freed)."""
@@ -141,7 +148,7 @@ class Channel:
     def recv_weights(self, model) -> int:
         """Receive one version into the model's trained parameters; returns its number."""
         header = torch.zeros(2, dtype=torch.int64)
-        self.recv(header, WEIGHTS, "the weights' version header")
+        self.recv(header, WEIGHTS, "the next weight version", TRAINER_PATIENCE_S)
         version, n = int(header[0]), int(header[1])
         params = trained_parameters(model)
         names = [name for name, p in model.named_parameters() if p.requires_grad]
