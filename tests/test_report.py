@@ -53,7 +53,7 @@ def drawn_pixels(png) -> int:
 
 
 # What the first run (num_iterations=1, single-turn, digits for answers) cannot show
-LEFT_OUT = {"clip", "reflection", "agent", "agent_shares"}
+LEFT_OUT = {"clip", "reflection", "agent", "agent_shares", "staleness", "offpolicy"}
 
 
 @needs_chromium

@@ -198,3 +198,15 @@ def test_too_many_non_finite_updates_in_a_row_stop_the_run(tmp_path, monkeypatch
     with pytest.raises(train_module.TrainingError, match=r"3 updates in a row had a loss or gradient "
                                                         r"norm that is not finite.*max_skipped_updates"):
         train(c, log=lambda s: None, write_files=False)
+
+
+def test_fault_counts_from_before_the_run_are_not_its_first_steps(tmp_path):
+    """Zeros counted before a run (another run in this process, held-out scoring) are not
+    logged as the run's: each step's `reward/<fn>/zero/<cause>` counts that step's completions."""
+    from grpo.rewards import faults
+    faults.count("leftover", "bomb")
+    c = build_config({"steps": 1, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 2, "output_dir": str(tmp_path), "report_to": []})
+    result = train(c, log=lambda line: None, write_files=False)
+    assert "reward/leftover/zero/bomb" not in result.history[0]
+    assert "reward/mean" in result.history[0]

@@ -206,7 +206,7 @@ class Command:
 
 PRINT_CONFIG = {"--print-config": (None, "print the resolved config (presets applied) and stop")}
 EVERY_KEY = {s: ALL for s in ("model", "data", "sampling", "reward", "loss", "optim", "run", "eval",
-                              "agent")}
+                              "agent", "pipeline")}
 PROMPT_DATA = {"task", "dataset", "dataset_config", "dataset_split", "prompt_column", "answer_column",
                "tests_column", "entry_point_column", "system_prompt", "long_prompts"}
 

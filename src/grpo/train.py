@@ -38,7 +38,7 @@ from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metric
                           sample_records, step_metrics, unscored_warning)
 from grpo.models import frozen_copy, update_reference
 from grpo.pipeline import Groups, Work, split_threads
-from grpo.rewards import RewardFn, score
+from grpo.rewards import RewardFn, faults, score
 from grpo.rewards.shaping import overlong_penalty
 from grpo.progress import Progress
 from grpo.rollout import Rollout, concat
@@ -114,6 +114,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(build.rewards_comment(data) + to_yaml(c))
         resume.cut_run_files(run_dir, first - 1)
+    faults.take()   # counts from before this run (another run in this process) are not its own
     # async_steps: rollout workers forked now (before any thread starts), or None (today's loop)
     groups = start_pipeline(c, learner, tokenizer, data, stream, first, checkpoint, world, log)
     tracker = (RunTracker(run_dir, purge_step=first, report_to=c.run.report_to, config=c.flat())
@@ -133,8 +134,11 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 learner.sampler.sync(policy)   # async_steps: only evaluation uses this engine
             if world.is_main:
                 rows_file = run_dir / "eval" / f"step-{step}.jsonl" if write_files else None
-                return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
-                                rows_file=rows_file)
+                try:
+                    return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
+                                    rows_file=rows_file)
+                finally:
+                    faults.take()   # zeros of held-out completions are not the next step's
         return math.nan
 
     if evaluating and first == 1:
