@@ -160,3 +160,22 @@ def test_episodes_on_the_vllm_engine_keep_the_engines_tokens_and_logprobs(agent_
     assert max(m["episode/turns_mean"] for m in result.history) > 1.5
     assert all(m["episode/env_token_frac"] > 0 for m in result.history)
     assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4
+
+
+def test_a_rollout_worker_samples_with_its_own_engine_synced_to_each_version(tiny_model_dir, tmp_path, fake_vllm):
+    """async_steps: the worker (a fork of the trainer, the stand-in engine with it) makes its own
+    engine and syncs it to every version it samples from; the trainer's engine only evaluates."""
+    from grpo.train import train
+    config = build_config({"model": str(tiny_model_dir), "sampler": "vllm", "steps": 4, "sft_steps": 2,
+                           "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
+                           "eval_every": 0, "save_every": 0, "threads": 1, "async_steps": 1,
+                           "proximal": "decoupled", "correction": "tis", "output_dir": str(tmp_path)})
+    result = train(config, log=lambda line: None)
+    (llm,) = FakeLLM.made            # the trainer's, made before the worker was forked
+    assert "generate" not in llm.events and "sleep" not in llm.events
+    diffs = [m["sampler/logp_diff"] for m in result.history]
+    # steps 1 and 2 sample version 0: the cold start's weights, which the engine (loaded from the
+    # model directory, before the cold start) has only if the worker synced it; at step 1 the
+    # trainer holds the same weights, so the two policies' log-probs agree
+    assert diffs[0] < 1e-4
+    assert [r["pipeline/staleness_max"] for r in result.history] == [0, 1, 1, 1]
