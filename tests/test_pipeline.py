@@ -316,3 +316,12 @@ def test_an_async_checkpoint_resumed_without_async_steps_is_refused(tiny_model_d
                       "steps": 4, "resume": "auto"})
     with pytest.raises(ConfigError, match=r"was written with async_steps .*resume it with the async_steps"):
         train(c, reward_fns=[varied], log=lambda line: None)
+
+
+def test_async_steps_on_a_gpu_model_is_refused_with_the_reason():
+    from types import SimpleNamespace
+    from grpo.distributed import World
+    from grpo.train import start_pipeline
+    on_gpu = SimpleNamespace(policy=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)])))
+    with pytest.raises(ConfigError, match="a CUDA context does not survive fork, so async_steps runs on CPUs"):
+        start_pipeline(build_config({"async_steps": 1}), on_gpu, None, None, None, 1, None, World(), print)

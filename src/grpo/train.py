@@ -236,6 +236,11 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
                 f"(its groups for the next steps are queued in it); resume it with the async_steps "
                 f"of its config.yaml")
         return None
+    if any(t.is_cuda for t in learner.policy.parameters()):
+        raise build.ConfigError(
+            "config key 'async_steps': the rollout workers are forks of the trainer, and a CUDA "
+            "context does not survive fork, so async_steps runs on CPUs for now "
+            "(docs/guides/async.md); set async_steps=0 on a GPU")
     trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(),
                                                     p.rollout_workers)
     trainer_threads, worker_threads = p.trainer_threads or trainer_threads, p.worker_threads or worker_threads
