@@ -161,11 +161,11 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 accuracy = evaluate_now(step)
             signum = stop.requested(world)
             if (c.run.save_every and step % c.run.save_every == 0) or signum:
-                ahead = None
+                ahead, position = None, stream
                 if groups is not None:   # steps step+1 .. step+k were sampled from older weights
-                    queued, position = groups.ahead(step)
-                    ahead, stream = {"queued": queued}, resume.Position(position)
-                resume.save(run_dir, c, learner, tokenizer, stream, step, accuracy, write_files, ahead)
+                    queued, workers_at = groups.ahead(step)
+                    ahead, position = {"queued": queued}, resume.Position(workers_at)
+                resume.save(run_dir, c, learner, tokenizer, position, step, accuracy, write_files, ahead)
             bar.update(step, metrics_line(metrics, accuracy) + runaway.note(metrics))
             if signum:
                 raise resume.Stopped.after(signum, step, c.run.steps, run_dir)
@@ -598,9 +598,10 @@ def off_policy_weights(rollout: Rollout, name: str, cap: float) -> tuple[torch.T
 def staleness(rollout: Rollout, step: int) -> dict:
     """How many optimizer steps behind the trainer's weights (version step - 1) each group's
     tokens were drawn: mean and max over groups."""
-    drawn = rollout.versions.masked_fill(rollout.versions < 0, torch.iinfo(torch.long).max)
-    oldest = torch.zeros(int(rollout.group_ids.max()) + 1, dtype=torch.long).fill_(
-        torch.iinfo(torch.long).max).scatter_reduce(0, rollout.group_ids, drawn.min(-1).values, "amin")
+    never = torch.iinfo(torch.long).max   # padding (-1) is no token
+    row_oldest = rollout.versions.masked_fill(rollout.versions < 0, never).min(-1).values
+    oldest = torch.full((int(rollout.group_ids.max()) + 1,), never).scatter_reduce(
+        0, rollout.group_ids, row_oldest, "amin")
     behind = (step - 1 - oldest).float()
     return {"pipeline/staleness_mean": behind.mean().item(), "pipeline/staleness_max": behind.max().item()}
 

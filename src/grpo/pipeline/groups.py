@@ -21,7 +21,7 @@ import time
 
 from grpo.data import PromptStream
 from grpo.distributed import World
-from grpo.pipeline.transport import CONTROL, PARTS, Channel, PeerLost, snapshot
+from grpo.pipeline.transport import CONTROL, PARTS, Channel, PeerLost, load_snapshot, snapshot
 from grpo.pipeline.worker import HOST, Work, Zygote, part_of, version_for
 from grpo.rollout import concat
 
@@ -77,7 +77,6 @@ class _Local:
         self.sent = version
 
     def part(self, step: int) -> dict:
-        from grpo.pipeline.transport import load_snapshot
         version = version_for(step, self.work.k)
         load_snapshot(self.model, self.versions[version])
         for old in [v for v in self.versions if v < version]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -57,12 +58,17 @@ class Work:
     score: Callable | None = None       # with these two a step is scored while the next is drawn
 
 
+def tag(rollout, version: int) -> None:
+    """Every token the rollout holds was drawn by `version`; padding is -1."""
+    rollout.versions = torch.where(rollout.real_mask.bool(), version, -1).long()
+
+
 def part_of(work: Work, sampler, stream: PromptStream, step: int, version: int,
             share: World) -> dict:
     """This worker's share of step `step`'s groups, scored, every token tagged with `version`."""
     started = time.time()
     rollout, extra, timer = work.sample(sampler, stream, step, share)
-    rollout.versions = torch.where(rollout.real_mask.bool(), version, -1).long()
+    tag(rollout, version)
     return {"step": step, "rollout": rollout, "extra": extra, "timer": timer, "version": version,
             "stream": stream.state_dict(), "faults": faults.take(), "work": (started, time.time())}
 
@@ -72,7 +78,7 @@ def drawn_part(work: Work, sampler, stream: PromptStream, step: int, version: in
     """The same share, sampled but not yet scored (`scored` finishes it)."""
     started = time.time()
     rollout = work.draw(sampler, stream, step, share)
-    rollout.versions = torch.where(rollout.real_mask.bool(), version, -1).long()
+    tag(rollout, version)
     sampled = time.time()
     return {"step": step, "rollout": rollout, "extra": {}, "version": version,
             "timer": {"sample": sampled - started, "reward": 0.0},
@@ -171,7 +177,6 @@ def _score_and_send(work: Work, channel: Channel, part: dict) -> None:
 
 def _portable(e: BaseException) -> BaseException:
     """The exception itself when it survives pickling, else a RuntimeError with its text."""
-    import pickle
     try:
         pickle.loads(pickle.dumps(e))
         return e
