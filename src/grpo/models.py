@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grpo import decoder
+from grpo import decoder, vision
 
 # The R1 template's tags are single tokens in the tiny tokenizer so a small model can emit them.
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
@@ -158,6 +158,32 @@ def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | Non
     return str(path), None
 
 
+def is_vision_config(name_or_path: str) -> bool:
+    """True for a model transformers loads as image-text-to-text (LLaVA, Qwen-VL, Gemma 3, ...)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError, KeyError):
+        return False
+    return config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and hasattr(config, "vision_config")
+
+
+def load_processor(name_or_path: str):
+    """The processor of a vision-language model (it turns images into image tokens and pixels);
+    None for a text-only model."""
+    if not is_vision_config(name_or_path):
+        return None
+    from transformers import AutoProcessor
+    try:
+        return AutoProcessor.from_pretrained(name_or_path)
+    except ImportError as e:
+        raise ModelError(f"config key 'model': the processor of {name_or_path} needs a package that is "
+                         f"missing: {str(e).splitlines()[0]} (Qwen-VL's processors need torchvision, "
+                         "matching your torch build; see docs/guides/vision.md)") from None
+
+
 def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
     """Load a tokenizer; pad on the left for generation; `chat_template=none` drops any template.
 
@@ -166,7 +192,12 @@ def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
     """
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    processor = load_processor(name_or_path)
+    tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(name_or_path)
+    if processor is not None:
+        tokenizer.grpo_processor = processor      # prompts with images go through it (vision.encode)
+        if getattr(processor, "chat_template", None) and not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = processor.chat_template
     if tokenizer.eos_token is None:
         raise ModelError(f"config key 'model': the tokenizer of {name_or_path} has no EOS token, so "
                          "completions cannot end; use a tokenizer that defines eos_token")
@@ -185,10 +216,11 @@ def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
 
 
 def load_policy(name_or_path: str, dtype: str = "float32"):
-    """Load any causal LM by directory or hub name, in train mode."""
-    from transformers import AutoModelForCausalLM
+    """Load any causal LM, or image-text-to-text model, by directory or hub name, in train mode."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
+    auto = AutoModelForImageTextToText if is_vision_config(name_or_path) else AutoModelForCausalLM
+    model = auto.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
     model.train()
     # Dropout would make pi_theta differ from pi_old at ratio 1; GRPO's ratio assumes it does not.
     for module in model.modules():
@@ -337,7 +369,7 @@ def selected_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torc
 
 def _head_is_plain(model) -> bool:
     """True when logits are exactly lm_head(backbone output): no soft-capping or logit scaling."""
-    config = model.config
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head = model.get_output_embeddings()
     return (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)
             and not getattr(config, "final_logit_softcapping", None)
@@ -359,7 +391,8 @@ def _lean_hidden(lean, input_ids, attention_mask, position_ids, T: int) -> torch
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_len: int, with_entropy: bool = False, temperature: float = 1.0,
-                   completion_mask: torch.Tensor | None = None, top_p: float = 1.0):
+                   completion_mask: torch.Tensor | None = None, top_p: float = 1.0,
+                   visuals: list | None = None):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: [N, P+T], prompts left-padded, completions right-padded.
@@ -370,6 +403,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
     Only the masked completion positions go through the output head, in chunks, so neither the
     prompt positions, nor padding, nor the full [N, T, V] logits tensor ever cost time or memory.
+    `visuals` [N] (vision.Visual or None) are the rows' prompt images: the image encoder runs once
+    per distinct prompt (vision.encoder_outputs) and the model's own forward merges the features.
     """
     T = completion_len
     if hasattr(model, "get_base_model"):  # a peft model: its adapters live inside the base model
@@ -378,22 +413,29 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if compute is not None and not decoder.sharded(model):   # FSDP2 casts by its own policy
         with torch.autocast(input_ids.device.type, dtype=compute):
             hidden_or_logp = _token_logprobs(model, input_ids, attention_mask, T, with_entropy,
-                                             temperature, completion_mask, top_p, head_in_fp32=True)
+                                             temperature, completion_mask, top_p, head_in_fp32=True,
+                                             visuals=visuals)
         return hidden_or_logp
     return _token_logprobs(model, input_ids, attention_mask, T, with_entropy, temperature,
-                           completion_mask, top_p)
+                           completion_mask, top_p, visuals=visuals)
 
 
 def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool, temperature: float,
-                    completion_mask, top_p: float, head_in_fp32: bool = False):
+                    completion_mask, top_p: float, head_in_fp32: bool = False, visuals=None):
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, -T:]
+    inputs = None
+    if vision.is_vision_model(model):
+        inputs = vision.forward_inputs(model, input_ids, attention_mask,
+                                       visuals if visuals is not None else [None] * len(input_ids))
     if not _head_is_plain(model) or decoder.sharded(model):
         # A head that is more than a linear layer, or FSDP2 shards (gathered by the root's forward)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                       position_ids=position_ids, use_cache=False).logits[:, -T - 1:-1].float()
+        if inputs is None:
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
+                      "position_ids": position_ids}
+        logits = model(**inputs, use_cache=False).logits[:, -T - 1:-1].float()
         # (under autocast the head ran in bfloat16 here: only a head that is not a plain linear
         # layer, or FSDP2, takes this path)
         logits = logits / temperature
@@ -406,7 +448,10 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         entropy = (-(logp_all.exp() * logp_all.clamp(min=torch.finfo(logp_all.dtype).min)).sum(-1)
                    * mask).detach()
         return logp, entropy if with_entropy else None
-    if decoder.supports(model):
+    if inputs is not None:        # a vision-language model: its own forward merges the images
+        backbone = getattr(model, model.base_model_prefix)
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, -T - 1:-1]
+    elif decoder.supports(model):
         hidden = _lean_hidden(decoder.Decoder(model), input_ids, attention_mask, position_ids, T)
     else:
         backbone = getattr(model, model.base_model_prefix)

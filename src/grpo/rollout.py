@@ -46,6 +46,8 @@ class Rollout:
     episodes: dict[str, list] = field(default_factory=dict)  # multi-turn bookkeeping, each [N]
     versions: torch.Tensor | None = None         # [N, T] long: the weight version (optimizer steps
     #                                              behind it) that drew each token; None: this step's
+    visuals: list | None = None                  # [N] vision.Visual or None: the prompt's images as
+    #                                              the processor made them, one object per group
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -87,6 +89,7 @@ class Rollout:
             ref_logprobs=cut(self.ref_logprobs), loss_mask=cut(self.loss_mask),
             context_mask=cut(self.context_mask),
             episodes={k: cut(v) for k, v in self.episodes.items()}, versions=cut(self.versions),
+            visuals=cut(self.visuals),
         )
 
     def trimmed(self) -> "Rollout":
@@ -157,4 +160,6 @@ def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
         episodes={k: [v for p in parts for v in p.episodes[k]] for k in parts[0].episodes},
         versions=(torch.cat([right(p.versions, T, -1) for p in parts])
                   if all(p.versions is not None for p in parts) else None),
+        visuals=([v for p in parts for v in (p.visuals or [None] * len(p))]
+                 if any(p.visuals is not None for p in parts) else None),
     )

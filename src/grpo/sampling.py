@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from grpo import decoder, heap
+from grpo import decoder, vision, heap
 from grpo.rollout import Rollout
 
 
@@ -61,14 +61,20 @@ class HFSampler:
         with; the caller then decides the randomness, so a row's completion does not depend on
         which other rows share its batch (or its process)."""
         tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        visuals = None
+        if rows is not None and any(r.get("images") for r in rows):
+            prompt_ids, prompt_mask, visuals = vision_prompts(tok, prompts, rows)
+        else:
+            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            prompt_ids, prompt_mask = enc.input_ids, enc.attention_mask
         was_training = self.model.training
         self.model.eval()
         try:
             completion_ids, sampler_logprobs = generate(
-                self.model, enc.input_ids, enc.attention_mask, self.max_new_tokens, tok.eos_token_id,
+                self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
                 tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
-                top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size)
+                top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size,
+                visuals=visuals)
         finally:
             self.model.train(was_training)
         T = completion_ids.shape[1]
@@ -83,12 +89,25 @@ class HFSampler:
             prompts=[p for p in prompts for _ in range(group_size)],
             completions=texts,
             group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
-            prompt_ids=enc.input_ids.repeat_interleave(group_size, dim=0),        # [N, P]
-            prompt_mask=enc.attention_mask.repeat_interleave(group_size, dim=0),
+            prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),        # [N, P]
+            prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
             completion_ids=completion_ids, completion_mask=completion_mask,
             sampler_logprobs=sampler_logprobs, truncated=truncated,
             temperature=1.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
+            visuals=None if visuals is None else [v for v in visuals for _ in range(group_size)],
         )
+
+
+def vision_prompts(tokenizer, prompts: list[str], rows: list[dict]):
+    """Prompt ids, mask [B, P] and a vision.Visual per prompt, through the model's processor,
+    for rows whose `images` (sources, vision.row_images) are decoded here."""
+    processor = getattr(tokenizer, "grpo_processor", None)
+    if processor is None:
+        raise ValueError("these prompts hold images, but the model is text-only (it has no image "
+                         "processor); use a vision-language model, or a dataset without images")
+    pictures = [[vision.load_image(s, f"row {r.get('_row', i) + 1}") for s in r.get("images") or []]
+                for i, r in enumerate(rows)]
+    return vision.encode(processor, prompts, pictures)
 
 
 PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the running ones has ended
@@ -97,10 +116,13 @@ PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_token_id: int | list[int], pad_token_id: int, *, temperature: float = 1.0,
              top_p: float = 1.0, greedy: bool = False, uniforms: torch.Tensor | None = None,
-             group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+             group_size: int = 1, visuals: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode up to `max_new_tokens` tokens for `group_size` rows of each left-padded prompt
     [B, P]: N = B * group_size rows, a prompt's rows next to each other. Each prompt is prefilled
     once and its keys and values are copied to its rows.
+
+    `visuals` [B] (vision.Visual or None) are the prompts' images: each prompt's image features
+    are computed once, in its prefill.
 
     Returns the tokens [N, T] (pad after a row's EOS; T is the longest row) and the log-prob each
     token was drawn with [N, T], from the logits after temperature and top-p.
@@ -114,7 +136,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     tokens = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(N, max_new_tokens)
     rows = torch.arange(N)                        # which original rows are still in the batch
-    cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens, group_size)
+    cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens, group_size,
+                   visuals)
     logits = cache.logits
     ended = torch.zeros(N, dtype=torch.bool, device=device)
     steps = 0
@@ -168,8 +191,13 @@ class _Cache:
     """The KV cache and one-token steps: `decoder.Decoder` for the architectures it supports,
     Hugging Face's forward and DynamicCache for any other model."""
 
-    def __init__(self, model, prompt_ids, prompt_mask, max_new_tokens: int, repeat: int = 1):
+    def __init__(self, model, prompt_ids, prompt_mask, max_new_tokens: int, repeat: int = 1,
+                 visuals: list | None = None):
         self.model = model
+        self.mrope = False
+        if visuals is not None or vision.is_vision_model(model):
+            self._prefill_vision(model, prompt_ids, prompt_mask, repeat, visuals)
+            return
         if decoder.supports(model):
             self.fast = decoder.Decoder(model)
             self.logits, self.state = self.fast.start(prompt_ids, prompt_mask, max_new_tokens, repeat)
@@ -187,6 +215,28 @@ class _Cache:
                             logits_to_keep=1, **self.with_cache).logits[:, -1]
         self.next_position = positions[:, -1:] + 1
 
+    def _prefill_vision(self, model, prompt_ids, prompt_mask, repeat: int, visuals) -> None:
+        """Each prompt prefilled once with its images (their features computed once), its keys
+        and values then copied to its `repeat` rows."""
+        from transformers import DynamicCache
+        self.fast = None
+        inputs = vision.forward_inputs(model, prompt_ids, prompt_mask,
+                                       visuals if visuals is not None else [None] * len(prompt_ids))
+        positions = vision.prompt_positions(model, inputs)        # [B, P] or [3, B, P] (mRoPE)
+        inputs["position_ids"] = positions
+        self.mrope = positions.dim() == 3
+        self.cache = DynamicCache(config=model.config)
+        self.with_cache = {_cache_argument(model): self.cache, "use_cache": True}
+        self.logits = model(**inputs, logits_to_keep=1, **self.with_cache).logits[:, -1]
+        last = positions.amax(0) if self.mrope else positions                         # [B, P]
+        self.next_position = last.amax(-1, keepdim=True) + 1                           # [B, 1]
+        self.attention = prompt_mask
+        if repeat > 1:
+            self.cache.batch_repeat_interleave(repeat)
+            self.logits = self.logits.repeat_interleave(repeat, 0)
+            self.next_position = self.next_position.repeat_interleave(repeat, 0)
+            self.attention = prompt_mask.repeat_interleave(repeat, 0)
+
     def keep(self, rows: torch.Tensor) -> None:
         if self.fast is not None:
             self.fast.keep(self.state, rows)
@@ -199,8 +249,9 @@ class _Cache:
         if self.fast is not None:
             return self.fast.step(tokens, self.state)
         self.attention = torch.cat([self.attention, self.attention.new_ones(len(tokens), 1)], dim=1)
+        positions = self.next_position[None].expand(3, -1, -1) if self.mrope else self.next_position
         logits = self.model(input_ids=tokens[:, None], attention_mask=self.attention,
-                            position_ids=self.next_position, **self.with_cache).logits[:, -1]
+                            position_ids=positions, **self.with_cache).logits[:, -1]
         self.next_position = self.next_position + 1
         return logits
 

@@ -1,0 +1,191 @@
+"""Prompts with images as token ids plus pixels, and the forward inputs that share one prompt's
+image features among its group's rows.
+
+`encode` runs the model's processor on each prompt (text and its images), which expands each image
+placeholder into the model's image tokens and makes the pixel tensors; a prompt's pixels become one
+`Visual`, referenced by every row of its group.
+
+`encoder_outputs` gives a forward over N rows the image features of its distinct prompts only: one
+call of the model's `get_image_features` on the pixels of the distinct `Visual`s, whose per-image
+(or, for Idefics3 and SmolVLM, per-prompt) features are then indexed out to the rows, which is
+where the forward's autograd graph joins them. `forward_inputs` adds what each family's forward
+needs beside them: the images' grids for multimodal RoPE, and token types (Gemma 3's image blocks
+attend both ways; Qwen's RoPE index finds images by them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+TOWERS = ("vision_tower", "visual", "vision_model")   # what each family calls its image encoder
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+@dataclass(eq=False)          # compared (and deduplicated) by identity: one object per prompt
+class Visual:
+    """One prompt's images as the processor made them (pixel_values and, per family,
+    image_grid_thw, pixel_attention_mask, image_sizes)."""
+    pixels: dict[str, torch.Tensor]
+    images: int               # how many images the prompt holds
+
+
+def _inner(model):
+    """The model whose forward takes the images (through a peft wrapper)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def is_vision_model(model) -> bool:
+    return callable(getattr(_inner(model), "get_image_features", None))
+
+
+def tower_of(model) -> torch.nn.Module | None:
+    """The image encoder (the vision tower; Qwen's `visual` includes its patch merger)."""
+    base = _inner(model)
+    holder = getattr(base, "model", base)
+    for name in TOWERS:
+        for owner in (holder, base):
+            if isinstance(getattr(owner, name, None), torch.nn.Module):
+                return getattr(owner, name)
+    return None
+
+
+def freeze_tower(model) -> int:
+    """Stop gradients into the image encoder; returns how many parameters it holds."""
+    tower = tower_of(model)
+    if tower is None:
+        return 0
+    tower.requires_grad_(False)
+    return sum(p.numel() for p in tower.parameters())
+
+
+def encode(processor, texts: list[str], images: list[list]) -> tuple[torch.Tensor, torch.Tensor,
+                                                                     list[Visual | None]]:
+    """Left-padded prompt ids and mask [B, P] and one Visual (None without images) per prompt.
+
+    Each prompt goes through the processor on its own, so its pixels are its own tensors whatever
+    the family's batched layout; `images[i]` are prompt i's PIL images."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    rows, visuals = [], []
+    for text, pictures in zip(texts, images):
+        out = processor(text=[text], images=[list(pictures)] if pictures else None,
+                        return_tensors="pt", add_special_tokens=False)
+        rows.append(out["input_ids"][0])
+        pixels = {k: v for k, v in out.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
+        visuals.append(Visual(pixels, len(pictures)) if pictures else None)
+    P = max(len(r) for r in rows)
+    ids = torch.full((len(rows), P), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), P, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, P - len(r):], mask[i, P - len(r):] = r, 1
+    return ids, mask, visuals
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate along the first dimension, zero-padding the others where they differ
+    (Idefics3's images per prompt and image sizes; padding images are all zero, which it skips)."""
+    if all(t.shape[1:] == tensors[0].shape[1:] for t in tensors):
+        return torch.cat(tensors)
+    widest = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    padded = []
+    for t in tensors:
+        pad = []
+        for d in reversed(range(1, t.dim())):
+            pad += [0, widest[d - 1] - t.shape[d]]
+        padded.append(torch.nn.functional.pad(t, pad))
+    return torch.cat(padded)
+
+
+def _pick(x, units: list[int]):
+    if isinstance(x, torch.Tensor):
+        return x[torch.tensor(units, dtype=torch.long, device=x.device)]
+    return [x[u] for u in units]
+
+
+def encoder_outputs(model, visuals: list[Visual | None]):
+    """The image encoder's outputs for rows whose prompts are `visuals` ([N], shared objects for
+    a group's rows): the encoder runs once, on the distinct prompts; None if no row has images."""
+    distinct: dict[int, int] = {}
+    unique: list[Visual] = []
+    for v in visuals:
+        if v is not None and id(v) not in distinct:
+            distinct[id(v)] = len(unique)
+            unique.append(v)
+    if not unique:
+        return None
+    device = next(_inner(model).parameters()).device
+    batch = {k: _stack([v.pixels[k] for v in unique]).to(device) for k in unique[0].pixels}
+    out = _inner(model).get_image_features(**batch, return_dict=True)
+    counts = [v.images for v in unique]
+    if len(out.pooler_output) == sum(counts):          # features per image
+        starts = torch.tensor([0] + counts).cumsum(0).tolist()
+        units = [u for v in visuals if v is not None
+                 for u in range(starts[distinct[id(v)]], starts[distinct[id(v)]] + v.images)]
+    elif len(out.pooler_output) == len(unique):        # features per prompt (Idefics3, SmolVLM)
+        units = [distinct[id(v)] for v in visuals if v is not None]
+    else:
+        raise ValueError(f"{type(_inner(model)).__name__}.get_image_features gave "
+                         f"{len(out.pooler_output)} feature sets for {len(unique)} prompts holding "
+                         f"{sum(counts)} images; grpo does not know how to share them")
+    shared = type(out)(**{k: v for k, v in out.items()})
+    shared.pooler_output = _pick(out.pooler_output, units)
+    if getattr(out, "deepstack_features", None) is not None:     # Qwen3-VL: features per layer
+        shared.deepstack_features = [_pick(layer, units) for layer in out.deepstack_features]
+    return shared
+
+
+def _accepts(model, name: str) -> bool:
+    return name in inspect.signature(_inner(model).forward).parameters
+
+
+def uses_mrope(model) -> bool:
+    """Qwen-VL's multimodal RoPE: positions come from the images' grids, not from counting."""
+    base = _inner(model)
+    return callable(getattr(getattr(base, "model", base), "get_rope_index", None))
+
+
+def forward_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   visuals: list[Visual | None], features=None) -> dict:
+    """Keyword arguments for the model's forward over rows [N, L] whose prompts are `visuals`:
+    the shared image features (computed here unless given), the grids of the rows' images, token
+    types, and position ids (counted from the mask, except where multimodal RoPE derives them)."""
+    kwargs: dict = {"input_ids": input_ids, "attention_mask": attention_mask}
+    counted = (attention_mask.cumsum(-1) - 1).clamp(min=0)                 # [N, L]
+    if not any(v is not None for v in visuals):
+        kwargs["position_ids"] = counted[None].expand(3, -1, -1) if uses_mrope(model) else counted
+        return kwargs
+    if not uses_mrope(model):
+        kwargs["position_ids"] = counted
+    features = encoder_outputs(model, visuals) if features is None else features
+    kwargs["mm_encoder_outputs"] = {"image": features}
+    rows = [v for v in visuals if v is not None]
+    for key in ("image_grid_thw",):
+        if key in rows[0].pixels and _accepts(model, key):
+            kwargs[key] = torch.cat([v.pixels[key] for v in rows]).to(input_ids.device)
+    image_token = getattr(_inner(model).config, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(_inner(model).config, "image_token_index", None)
+    types = (input_ids == image_token).long() if image_token is not None else None
+    for key in ("mm_token_type_ids", "token_type_ids"):
+        if types is not None and _accepts(model, key):
+            kwargs[key] = types
+            break
+    return kwargs
+
+
+def prompt_positions(model, inputs: dict) -> torch.Tensor:
+    """Position ids of a prefill over `inputs` (forward_inputs' keywords): [N, P], or [3, N, P]
+    from the model's multimodal RoPE index."""
+    if "position_ids" in inputs:
+        return inputs["position_ids"]
+    base = _inner(model)
+    inner = getattr(base, "model", base)
+    types = inputs.get("mm_token_type_ids")
+    if types is None:
+        types = (inputs["input_ids"] == inner.config.image_token_id).long()
+    positions, _ = inner.get_rope_index(inputs["input_ids"], mm_token_type_ids=types,
+                                        image_grid_thw=inputs.get("image_grid_thw"),
+                                        attention_mask=inputs["attention_mask"])
+    return positions
