@@ -10,7 +10,7 @@ LAYERS = [
     {"config", "rollout", "presets"},                                   # vocabulary
     {"rewards", "advantages", "loss", "passk"},                         # algorithm (pure)
     {"models", "decoder", "heap", "data", "tasks", "distributed", "checkpoint", "tracking", "progress",
-     "reward_sources", "tools", "environments"},                        # infrastructure
+     "reward_sources", "tools", "environments", "vision"},              # infrastructure
     {"sampling", "vllm_sampler", "update", "episodes"},                 # steps
     {"train", "sft", "cli", "report", "bench", "build", "explain", "__main__", "resume", "metrics",
      "evaluate", "score", "pipeline"},                                   # composition

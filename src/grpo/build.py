@@ -6,6 +6,7 @@ Kept apart from `train.py` so the loop there reads like Algorithm 1.
 from __future__ import annotations
 
 import os
+import re
 import random
 import tempfile
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import Columns, DataError, coverage_note, format_prompt, load_rows
+from grpo import vision
+from grpo.vision.tiny import build_tiny_vlm
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
 from grpo.progress import to_stderr
 from grpo.reward_sources import RewardModel, RewardServer
@@ -55,8 +58,8 @@ class Data:
     reward_weights: list[float]
     accuracy_fn: RewardFn | None                # scores held-out answers for `eval/accuracy`;
                                                 # None: the environment's episode reward
-    # for the cold start: (prompt, context after it that is not imitated, completion to imitate)
-    demonstrations: list[tuple[str, str, str]] = field(default_factory=list)
+    # for the cold start: (row, context after its prompt that is not imitated, completion to imitate)
+    demonstrations: list[tuple[dict, str, str]] = field(default_factory=list)
     skipped_long_prompts: int = 0               # rows left out by long_prompts=skip
     agent: Agent | None = None                  # tools and/or an environment: episodes
     reward_uses: list = field(default_factory=list)   # [RewardUse]: each term and its source
@@ -140,11 +143,15 @@ def check_choices(config: TrainConfig) -> None:
 
 
 def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:
-    """The model path; `tiny` builds a fresh tiny model in the run directory (or a temporary one)."""
+    """The model path; `tiny` builds a fresh tiny model in the run directory (or a temporary one),
+    `tiny-vlm` (or `tiny` for a task with images) a tiny LLaVA-architecture vision-language model."""
     name = config.model.model
-    if name == "tiny":
+    if name == "tiny" and not config.data.dataset and getattr(get_task(config.data.task), "vision", False):
+        name = "tiny-vlm"             # a task whose prompts hold images gets the tiny vision model
+    if name in ("tiny", "tiny-vlm"):
         where = run_dir / "base_model" if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-tiny-"))
-        return str(build_tiny(where, seed=config.run.seed))
+        make = build_tiny_vlm if name == "tiny-vlm" else build_tiny
+        return str(make(where, seed=config.run.seed))
     return name
 
 
@@ -168,6 +175,8 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None,
         raise ConfigError(f"config key 'model': cannot load '{path}'{where}: {_first_line(e)}") from None
     if torch.cuda.is_available():   # this process's GPU under torchrun (LOCAL_RANK), else the first
         policy = policy.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    if vision.is_vision_model(policy) and not config.model.train_vision:
+        vision.freeze_tower(policy)   # the reference model then shares it (models.frozen_copy)
     if config.optim.gradient_checkpointing:
         set_checkpointing(policy, True)
     if config.optim.mixed_precision == "bf16":
@@ -206,7 +215,10 @@ def add_lora(policy, config: TrainConfig):
     missing = [t for t in m.lora_target_modules if t not in present]
     if missing:
         raise ConfigError(f"config key 'lora_target_modules': the model has no layers named {missing}")
-    lora = LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, target_modules=list(m.lora_target_modules),
+    targets = list(m.lora_target_modules)
+    if vision.is_vision_model(policy):   # the language model's layers only, not the image encoder's
+        targets = (rf"^(?!.*\b({'|'.join(vision.TOWERS)})\b).*\.({'|'.join(map(re.escape, targets))})$")
+    lora = LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, target_modules=targets,
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(policy, lora)
 
@@ -235,13 +247,13 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     held-out rows from `eval_dataset` whenever it is set. Golds are checked at load for GRPO;
     cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses."""
     d = config.data
-    columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column)
+    columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column,
+                      d.image_column)
     task = None
     if d.dataset:
         train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split)
         random.Random(config.run.seed).shuffle(train_rows)
-        demonstrations = [(r["prompt"], "", str(r["completion"])) for r in train_rows
-                          if "completion" in r]
+        demonstrations = [(r, "", str(r["completion"])) for r in train_rows if "completion" in r]
     else:
         task = get_task(d.task)
         train_rows = task.train_rows(config.run.seed)
@@ -249,7 +261,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         for r in train_rows:
             shown = task.demonstration(r)    # a completion, or (context, completion) turns
             turns = [("", shown)] if isinstance(shown, str) else shown
-            demonstrations += [(r["prompt"], context, target) for context, target in turns]
+            demonstrations += [(r, context, target) for context, target in turns]
     if d.eval_dataset:
         eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split)
     else:
@@ -395,11 +407,28 @@ def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict]) -> list[str]:
             texts.append(format_prompt(tokenizer, r["prompt"], config.model.chat_template,
                                        config.data.system_prompt,
                                        tools=agent.shown if agent else None,
-                                       call_format=agent.call_format if agent else "plain"))
+                                       call_format=agent.call_format if agent else "plain",
+                                       images=len(r.get("images") or [])))
         except DataError as e:
             where = config.data.dataset or f"task {config.data.task}"
             raise DataError(f"{where} row {r.get('_row', i) + 1}: {e}") from None
     return texts
+
+
+def check_images(config: TrainConfig, tokenizer, data: Data) -> None:
+    """Rows with images need a model with an image processor: refused, never dropped."""
+    if getattr(tokenizer, "grpo_processor", None) is not None:
+        return
+    for key, rows in (("dataset", data.train_rows), ("eval_dataset", data.eval_rows)):
+        with_images = [r for r in rows if r.get("images")]
+        if with_images:
+            where = getattr(config.data, key) or f"task {config.data.task}"
+            row = with_images[0].get("_row", rows.index(with_images[0]))
+            raise ConfigError(
+                f"config key 'model': {config.model.model} is a text-only model, but {where} has "
+                f"images ({len(with_images)} of {len(rows)} rows, the first row {row + 1}); use a "
+                "vision-language model (one transformers loads as image-text-to-text, with its "
+                "processor), or a dataset without an image column. Images are never dropped")
 
 
 def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,

@@ -46,6 +46,9 @@ class ModelConfig:
     """Names of the linear layers that get an adapter."""
     lora_merge: bool = False
     """With LoRA, also write the merged model (base + adapter) to OUTPUT_DIR/final/merged."""
+    train_vision: bool = False
+    """A vision-language model's image encoder (vision tower) trains too; by default it is frozen
+    and the reference model shares it. The projector and the language model train either way."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ class DataConfig:
     are read as they are (docs/guides/code-rewards.md)."""
     entry_point_column: str = "entry_point"
     """Dataset column with the function a HumanEval-style `check(candidate)` test is called with."""
+    image_column: str = ""
+    """Dataset column with each row's image or list of images (file paths relative to the dataset,
+    `datasets`' Image feature, bytes); empty uses `images` or `image` when present. Needs a
+    vision-language model (docs/guides/vision.md)."""
     system_prompt: str = ""
     """System message placed before each prompt when a chat template is used."""
     long_prompts: str = "error"

@@ -14,6 +14,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.vision.images import ImageError, image_column, row_images
+
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -35,6 +37,7 @@ class Columns:
     answer: str = "answer"
     tests: str = "tests"
     entry_point: str = "entry_point"
+    images: str = ""          # empty: `images` or `image` when the dataset has one
 
 
 def load_table(path: str, config_name: str = "", split: str = "train"):
@@ -89,9 +92,21 @@ def load_rows(path: str, columns: Columns = Columns(), config_name: str = "",
             if wanted not in names:
                 raise DataError(f"{path}: no column '{wanted}' for {key}_column (columns: {names})")
             renames[wanted] = key
+    source_images = image_column(columns.images, names)
+    if columns.images and source_images is None:
+        raise DataError(f"{path}: no image column '{columns.images}' (columns: {names}); "
+                        "set image_column=NAME")
+    local = Path(path)
+    base = local.parent if local.is_file() else (local if local.is_dir() else None)
     rows = []
     for number, record in enumerate(table):
-        row = {k: v for k, v in record.items() if k not in (source_prompt, source_answer)}
+        row = {k: v for k, v in record.items() if k not in (source_prompt, source_answer, source_images)}
+        if source_images is not None:
+            try:
+                row["images"] = row_images(record[source_images], base,
+                                           f"{path} row {number + 1}, column '{source_images}'")
+            except ImageError as e:
+                raise DataError(str(e)) from None
         for old, new in renames.items():
             row[new] = record[old]
         row["_row"] = number  # the file's row, for errors that name it
@@ -141,13 +156,31 @@ def check_jsonl(path: str) -> None:
 
 
 def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = "", tools=None,
-                  call_format: str = "plain") -> str:
+                  call_format: str = "plain", images: int = 0) -> str:
     """The text the model sees: the chat template when there is one and it is wanted, else the
     prompt. A conversational prompt (a list of messages, system and earlier turns included) always
     goes through the chat template; `system_prompt` is put first unless it has a system message.
     `tools` (tools.Tool) are rendered by the chat template when it supports tools, else described
-    in plain text before the prompt (tool_description)."""
+    in plain text before the prompt (tool_description).
+
+    A prompt with `images` always goes through the chat template: a text prompt becomes one user
+    message of that many image parts and its text; a conversational prompt must hold exactly that
+    many {"type": "image"} parts, which the template renders as the processor's placeholders."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
+    if images:
+        if not has_template or chat_template == "none":
+            raise DataError(f"the row has {images} image(s), which enter the prompt through the chat "
+                            "template, but " + ("chat_template=none" if has_template else
+                                                "the model's processor and tokenizer have no chat template"))
+        if isinstance(prompt, list):
+            parts = sum(1 for m in prompt if isinstance(m.get("content"), list)
+                        for part in m["content"] if isinstance(part, dict) and part.get("type") == "image")
+            if parts != images:
+                raise DataError(f"the row has {images} image(s) but its messages hold {parts} "
+                                '{"type": "image"} part(s); they must match, in order')
+        else:
+            prompt = [{"role": "user", "content": [{"type": "image"}] * images
+                       + [{"type": "text", "text": prompt}]}]
     if isinstance(prompt, list):
         if not has_template or chat_template == "none":
             raise DataError("the prompt is a list of chat messages, but "

@@ -230,8 +230,11 @@ def load_policy(name_or_path: str, dtype: str = "float32"):
 
 
 def frozen_copy(model):
-    """The reference model: a copy of the policy that takes no gradients."""
-    ref = copy.deepcopy(model)
+    """The reference model: a copy of the policy that takes no gradients. A frozen image encoder
+    is shared, not copied: the two models' image features are the same."""
+    tower = vision.tower_of(model)
+    shared = tower is not None and not any(p.requires_grad for p in tower.parameters())
+    ref = copy.deepcopy(model, {id(tower): tower} if shared else None)
     ref.eval()
     ref.requires_grad_(False)
     return ref
@@ -357,13 +360,18 @@ class _Buffers:
 
 
 def selected_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
-                      temperature: float = 1.0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      temperature: float = 1.0, top_p: float = 1.0, banned: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [M] of `targets` [M] and entropies [M] from final hidden states [M, H] and the
     output head, in chunks of about LOGIT_CHUNK_ELEMENTS logits (see `_SelectedLogprobs`); with
     top_p < 1, of the truncated, renormalized distribution the sampler drew from (`nucleus_`),
     in chunks a quarter as large (the sort needs room)."""
     chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0] // (4 if top_p < 1.0 else 1))
-    return _SelectedLogprobs.apply(hidden, head.weight, head.bias, targets, 1.0 / temperature, chunk,
+    bias = head.bias
+    if banned:      # tokens the sampler never draws (vision.placeholder_ids): the same distribution
+        ban = torch.zeros(head.weight.shape[0], device=hidden.device)
+        ban[list(banned)] = vision.BANNED_LOGIT
+        bias = ban if bias is None else bias + ban
+    return _SelectedLogprobs.apply(hidden, head.weight, bias, targets, 1.0 / temperature, chunk,
                                    top_p)
 
 
@@ -436,6 +444,9 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
                       "position_ids": position_ids}
         logits = model(**inputs, use_cache=False).logits[:, -T - 1:-1].float()
+        banned = vision.placeholder_ids(model) if vision.is_vision_model(model) else []
+        if banned:
+            logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), vision.BANNED_LOGIT)
         # (under autocast the head ran in bfloat16 here: only a head that is not a plain linear
         # layer, or FSDP2, takes this path)
         logits = logits / temperature
@@ -448,6 +459,7 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         entropy = (-(logp_all.exp() * logp_all.clamp(min=torch.finfo(logp_all.dtype).min)).sum(-1)
                    * mask).detach()
         return logp, entropy if with_entropy else None
+    banned = vision.placeholder_ids(model) if inputs is not None else None
     if inputs is not None:        # a vision-language model: its own forward merges the images
         backbone = getattr(model, model.base_model_prefix)
         hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, -T - 1:-1]
@@ -460,10 +472,10 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
     if head_in_fp32:      # the output head in float32, whatever the compute dtype
         with torch.autocast(input_ids.device.type, enabled=False):
             logp_sel, entropy_sel = selected_logprobs(hidden[mask].float(), model.get_output_embeddings(),
-                                                      targets[mask], temperature, top_p)
+                                                      targets[mask], temperature, top_p, banned)
     else:
         logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
-                                                  targets[mask], temperature, top_p)    # [M]
+                                                  targets[mask], temperature, top_p, banned)    # [M]
     logp = logp_sel.new_zeros(mask.shape).masked_scatter(mask, logp_sel)
     if not with_entropy:
         return logp, None

@@ -139,11 +139,15 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens, group_size,
                    visuals)
     logits = cache.logits
+    banned = vision.placeholder_ids(model) if vision.is_vision_model(model) else []
+    banned = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
     ended = torch.zeros(N, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
         steps = t + 1
         scores = logits.float()
+        if banned is not None:              # image placeholders are never drawn (vision.placeholder_ids)
+            scores = scores.index_fill(-1, banned, vision.BANNED_LOGIT)
         if not greedy and temperature != 1.0:
             scores = scores / temperature
         if top_p_warper is not None:

@@ -21,12 +21,21 @@ import torch
 from grpo.checkpoint import save_model_dir
 from grpo.models import token_logprobs
 from grpo.resume import Stopped
+from grpo.sampling import vision_prompts
 
 
-def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[(prompt, completion)] -> input_ids, attention_mask [n, P+T] and completion mask [n, T]."""
-    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False).input_ids
-    completions = tokenizer([c for _, c in pairs], add_special_tokens=False).input_ids
+def encode_pairs(tokenizer, pairs: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
+    """[(prompt, completion)] -> input_ids, attention_mask [n, P+T], completion mask [n, T] and
+    the prompts' images (vision.Visual per pair, or None): a pair's optional third element, its
+    image sources, goes with the prompt through the model's processor."""
+    visuals = None
+    if any(len(pair) > 2 and pair[2] for pair in pairs):
+        ids, mask, visuals = vision_prompts(tokenizer, [p[0] for p in pairs],
+                                            [{"images": p[2]} for p in pairs])
+        prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    else:
+        prompts = tokenizer([p[0] for p in pairs], add_special_tokens=False).input_ids
+    completions = tokenizer([p[1] for p in pairs], add_special_tokens=False).input_ids
     completions = [ids + [tokenizer.eos_token_id] for ids in completions]
     P, T = max(map(len, prompts)), max(map(len, completions))
     pad = tokenizer.pad_token_id
@@ -35,10 +44,10 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
         input_ids.append([pad] * (P - len(p)) + p + c + [pad] * (T - len(c)))
         attention.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
         target_mask.append([1] * len(c) + [0] * (T - len(c)))
-    return torch.tensor(input_ids), torch.tensor(attention), torch.tensor(target_mask)
+    return torch.tensor(input_ids), torch.tensor(attention), torch.tensor(target_mask), visuals
 
 
-def supervised_finetune(model, tokenizer, pairs: list[tuple[str, str]], *, steps: int, lr: float,
+def supervised_finetune(model, tokenizer, pairs: list[tuple], *, steps: int, lr: float,
                         batch_size: int, seed: int,
                         on_step: Callable[[int, float, float], None] | None = None,
                         stop: Callable[[], int] | None = None) -> list[float]:
@@ -55,8 +64,9 @@ def supervised_finetune(model, tokenizer, pairs: list[tuple[str, str]], *, steps
         if len(order) < batch_size:
             order += rng.sample(range(len(pairs)), len(pairs))
         batch = [pairs[order.pop()] for _ in range(min(batch_size, len(pairs)))]
-        input_ids, attention_mask, target_mask = encode_pairs(tokenizer, batch)
-        logp, _ = token_logprobs(model, input_ids, attention_mask, target_mask.shape[1])
+        input_ids, attention_mask, target_mask, visuals = encode_pairs(tokenizer, batch)
+        logp, _ = token_logprobs(model, input_ids, attention_mask, target_mask.shape[1],
+                                 visuals=visuals)
         loss = -(logp * target_mask).sum() / target_mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

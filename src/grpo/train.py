@@ -97,6 +97,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log)
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log)
     distributed.broadcast_parameters(policy, world)
+    build.check_images(c, tokenizer, data)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     build.check_lr(c, policy, log)
     resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log, run_dir if write_files else None,
@@ -614,9 +615,10 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, log, save_to
         raise build.ConfigError(f"config key 'sft_steps' asks for a cold start, but the dataset "
                                 f"{c.data.dataset} has no 'completion' column to imitate; add one, "
                                 "or leave sft_steps out (with dataset= it is 0 unless set)")
-    prompts = build.prompt_texts(c, tokenizer, [{"prompt": p} for p, _, _ in data.demonstrations])
-    pairs = [(prompt + context, target)
-             for prompt, (_, context, target) in zip(prompts, data.demonstrations)]
+    rows = [row for row, _, _ in data.demonstrations]
+    prompts = build.prompt_texts(c, tokenizer, rows)
+    pairs = [(prompt + context, target, row.get("images") or [])
+             for prompt, (row, context, target) in zip(prompts, data.demonstrations)]
 
     with resume.StopOnSignal(log, "keeping the model as it is") as stop, \
             Progress("cold start", c.run.sft_steps, log, every=10) as bar:

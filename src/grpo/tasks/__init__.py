@@ -15,6 +15,7 @@ from grpo.tasks.addition import AdditionTask
 from grpo.tasks.calculator import CalculatorTask
 from grpo.tasks.countdown import CountdownTask
 from grpo.tasks.largest import LargestTask
+from grpo.tasks.shapes import ShapesTask
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ TASKS: dict[str, TaskSpec] = {
                           "reach a target from three numbers with + - * /, each used once"),
     "calculator": TaskSpec("calculator", CalculatorTask,
                            "a three-digit times a two-digit number, with a calculator tool"),
+    "shapes": TaskSpec("shapes", ShapesTask,
+                       "count the shapes in a 32x32 picture (1-4); needs a vision-language model"),
 }
 
 

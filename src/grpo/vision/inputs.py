@@ -136,6 +136,19 @@ def encoder_outputs(model, visuals: list[Visual | None]):
     return shared
 
 
+BANNED_LOGIT = -1.0e4     # exp(-1e4) is 0 in float32: the token is never drawn, and 0 * logit stays 0
+
+
+def placeholder_ids(model) -> list[int]:
+    """Token ids the forward reads as image (or video) placeholders. A completion must never hold
+    one, or the next forward would look for features that do not exist: the sampler never draws
+    them and the trained log-probs are of the same distribution without them (models.BANNED)."""
+    config = _inner(model).config
+    ids = {getattr(config, name, None) for name in
+           ("image_token_id", "image_token_index", "video_token_id", "video_token_index")}
+    return sorted(i for i in ids if isinstance(i, int) and i >= 0)
+
+
 def _accepts(model, name: str) -> bool:
     return name in inspect.signature(_inner(model).forward).parameters
 

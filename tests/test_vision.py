@@ -1,0 +1,219 @@
+"""Vision-language policies: log-probs equal Hugging Face's forward for each family, image features
+computed once per group, placeholders never drawn, and the clear errors of bad image data."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from grpo import vision
+from grpo.config import ConfigError, load_config
+from grpo.data import DataError, format_prompt, load_rows, Columns
+from grpo.models import frozen_copy, token_logprobs
+from grpo.rollout import Rollout
+from grpo.sampling import HFSampler
+from grpo.update import logprobs_of
+from vlm_families import FAMILIES, build, images, messages
+
+# Rows of different prompt lengths (left-padded together); two images in the first.
+ROWS = [("how many?", 2), ("hi", 1), ("what colour is the top left corner?", 1)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prompts(processor, seed=0):
+    pictures = [images(n, seed + i) for i, (_, n) in enumerate(ROWS)]
+    texts = [processor.apply_chat_template(messages(t, n), tokenize=False, add_generation_prompt=True)
+             for t, n in ROWS]
+    return texts, pictures
+
+
+def _completions(model, rows: int, T: int, seed: int):
+    """Right-padded random completions of lengths T, T-2, T-1, ..., no placeholder token in them."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(5, vocab, (rows, T), generator=g)
+    banned = vision.placeholder_ids(model)
+    allowed = next(i for i in range(vocab - 1, 0, -1) if i not in banned)
+    ids[torch.isin(ids, torch.tensor(banned))] = allowed
+    lengths = torch.tensor([T - (i % 3) for i in range(rows)])
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    return ids * mask, mask
+
+
+def _hf_logprobs(model, processor, text, pictures, completion, length):
+    """Hugging Face's own forward on one row alone (no padding), with the processor's own inputs;
+    placeholders get the logit grpo gives them (never drawn), then log-softmax."""
+    enc = processor(text=[text], images=[pictures], return_tensors="pt", add_special_tokens=False)
+    P = enc["input_ids"].shape[1]
+    ids = torch.cat([enc["input_ids"], completion[None, :length]], 1)
+    inputs = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
+    for key in ("token_type_ids", "mm_token_type_ids"):
+        if key in inputs:
+            inputs[key] = torch.nn.functional.pad(inputs[key], (0, length))
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **inputs).logits[0, P - 1:-1]
+    banned = vision.placeholder_ids(model)
+    logits = logits.index_fill(-1, torch.tensor(banned), vision.BANNED_LOGIT)
+    return logits.log_softmax(-1).gather(-1, completion[:length, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logprobs_equal_hugging_face_forward_per_row(family):
+    # Left-padded prompts of several lengths and images, two completions per prompt sharing one
+    # Visual; each row's log-probs against HF's forward on that row alone.
+    model, processor = build(family)
+    texts, pictures = _prompts(processor)
+    ids, mask, visuals = vision.encode(processor, texts, pictures)
+    assert mask.sum(1).tolist() != [mask.shape[1]] * len(ROWS)        # really padded
+    G, T = 2, 6
+    completion, completion_mask = _completions(model, len(ROWS) * G, T, seed=1)
+    rows_visuals = [v for v in visuals for _ in range(G)]
+    full = torch.cat([ids.repeat_interleave(G, 0), completion], 1)
+    attention = torch.cat([mask.repeat_interleave(G, 0), completion_mask], 1)
+    with torch.no_grad():
+        ours, _ = token_logprobs(model, full, attention, T, completion_mask=completion_mask,
+                                 visuals=rows_visuals)
+    for row in range(len(full)):
+        prompt = row // G
+        n = int(completion_mask[row].sum())
+        reference = _hf_logprobs(model, processor, texts[prompt], pictures[prompt], completion[row], n)
+        torch.testing.assert_close(ours[row, :n], reference, atol=2e-5, rtol=1e-5)
+        assert (ours[row, n:] == 0).all()
+
+
+def _counting(model):
+    """Images the image encoder sees, call by call."""
+    seen = []
+    tower = vision.tower_of(model)
+
+    def hook(module, args, kwargs, out):
+        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        seen.append(pixels.shape[0])
+    tower.register_forward_hook(hook, with_kwargs=True)
+    return seen
+
+
+def test_features_computed_once_per_group_in_sampling_and_every_pass():
+    model, processor = build("llava")
+    tok = processor.tokenizer
+    tok.grpo_processor, tok.padding_side = processor, "left"
+    texts, pictures = _prompts(processor)
+    seen = _counting(model)
+    G = 4
+    rollout = HFSampler(model, tok, max_new_tokens=5).sample(
+        texts, G, rows=[{"images": p} for p in pictures])
+    distinct_images = sum(len(p) for p in pictures)                    # 4, not 4 * G = 16
+    assert seen == [distinct_images]
+    assert len({id(v) for v in rollout.visuals}) == len(ROWS)
+    seen.clear()
+    logp = logprobs_of(model, rollout, micro_batch_size=64)
+    assert seen == [distinct_images]
+    # the sampler's log-probs are those of the training forward
+    torch.testing.assert_close(logp, rollout.sampler_logprobs, atol=1e-5, rtol=0)
+    seen.clear()
+    logprobs_of(model, rollout, micro_batch_size=G)      # passes of G rows: each pass's own prompts
+    from grpo.update import length_batches
+    prompts_in = [sorted({int(rollout.group_ids[r]) for r in rows}) for rows in length_batches(rollout, G)]
+    assert seen == [sum(len(pictures[g]) for g in groups) for groups in prompts_in]
+    assert sum(seen) < G * distinct_images
+
+
+def test_placeholder_token_is_never_drawn_even_when_the_model_prefers_it():
+    model, processor = build("llava")
+    tok = processor.tokenizer
+    tok.grpo_processor, tok.padding_side = processor, "left"
+    image_token = vision.placeholder_ids(model)[0]
+    with torch.no_grad():             # the image token would win every draw without the ban
+        model.get_output_embeddings().weight[image_token] *= 50
+        model.get_output_embeddings().weight[image_token] += 1
+    texts, pictures = _prompts(processor)
+    rollout = HFSampler(model, tok, max_new_tokens=6).sample(texts, 3, rows=[{"images": p} for p in pictures])
+    assert not (rollout.completion_ids[rollout.completion_mask.bool()] == image_token).any()
+    logp = logprobs_of(model, rollout, micro_batch_size=64)       # would raise on a drawn placeholder
+    torch.testing.assert_close(logp, rollout.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+def test_frozen_tower_is_shared_with_the_reference_and_lora_skips_it():
+    model, _ = build("qwen2_5_vl")
+    frozen = vision.freeze_tower(model)
+    assert frozen == sum(p.numel() for p in vision.tower_of(model).parameters()) > 0
+    ref = frozen_copy(model)
+    assert vision.tower_of(ref) is vision.tower_of(model)
+    assert ref.lm_head is not model.lm_head
+    from grpo.build import add_lora
+    config = load_config(overrides=["lora_r=4"])
+    wrapped = add_lora(model, config)
+    adapted = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    assert adapted and all("lora_" in n and "visual" not in n for n in adapted)
+
+
+def _write_rows(tmp_path, rows):
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_image_column_paths_relative_to_the_dataset_bytes_and_several_per_row(tmp_path):
+    (tmp_path / "pics").mkdir()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "pics" / "a.png")
+    Image.new("RGB", (8, 8), (0, 0, 255)).save(tmp_path / "pics" / "b.png")
+    path = _write_rows(tmp_path, [{"question": "q1", "answer": "1", "images": ["pics/a.png", "pics/b.png"]},
+                                  {"question": "q2", "answer": "2", "image": None}][:1])
+    rows = load_rows(path)
+    assert rows[0]["images"] == [str(tmp_path / "pics" / "a.png"), str(tmp_path / "pics" / "b.png")]
+    assert vision.load_image(rows[0]["images"][1]).getpixel((0, 0)) == (0, 0, 255)
+    import io
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), (0, 255, 0)).save(buffer, format="PNG")
+    assert vision.load_image(vision.row_images({"bytes": buffer.getvalue(), "path": None}, None, "r")[0]
+                             ).getpixel((1, 1)) == (0, 255, 0)
+
+
+def test_missing_and_unreadable_images_name_the_row_and_the_file(tmp_path):
+    (tmp_path / "bad.png").write_text("not a picture")
+    path = _write_rows(tmp_path, [{"question": "q", "answer": "1", "image": "bad.png"}])
+    with pytest.raises(DataError, match=r"row 1, column 'image'.*cannot read .*bad\.png"):
+        load_rows(path)
+    path = _write_rows(tmp_path, [{"question": "q", "answer": "1", "image": "x.png"},
+                                  {"question": "q", "answer": "1", "image": "gone.png"}])
+    Image.new("RGB", (4, 4)).save(tmp_path / "x.png")
+    with pytest.raises(DataError, match=r"row 2, column 'image'.*not found: .*gone\.png"):
+        load_rows(path)
+    path = _write_rows(tmp_path, [{"question": "q", "answer": "1", "pics": None}])
+    with pytest.raises(DataError, match=r"row 1, column 'pics'.*missing"):
+        load_rows(path, Columns(images="pics"))
+    with pytest.raises(DataError, match="no image column 'photo'.*image_column=NAME"):
+        load_rows(path, Columns(images="photo"))
+    path = _write_rows(tmp_path, [{"question": "q", "answer": "1", "image": "https://x.org/a.png"}])
+    with pytest.raises(DataError, match="web address"):
+        load_rows(path)
+
+
+def test_image_parts_must_match_the_images_and_need_a_template():
+    _, processor = build("llava")
+    tok = processor.tokenizer
+    text = format_prompt(tok, "count", "auto", images=2)
+    assert text.count("<image>") == 2 and text.index("<image>") < text.index("count")
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "count"}]}]
+    with pytest.raises(DataError, match=r"2 image\(s\) but its messages hold 1"):
+        format_prompt(tok, chat, "auto", images=2)
+    with pytest.raises(DataError, match="chat_template=none"):
+        format_prompt(tok, "count", "none", images=1)
+
+
+def test_image_rows_given_to_a_text_only_model_are_refused(tmp_path):
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.png")
+    path = _write_rows(tmp_path, [{"question": "q", "answer": "1"}, {"question": "q", "answer": "1",
+                                                                    "image": "a.png"}][1:])
+    from grpo.train import train
+    config = load_config(overrides=[f"dataset={path}", "steps=1", f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"text-only model.*has images \(1 of 1 rows, the first row 1\)"):
+        train(config, log=lambda line: None)
