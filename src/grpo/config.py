@@ -554,6 +554,9 @@ def build_config(values: dict | None = None) -> TrainConfig:
     return config
 
 
+VISION_DEMO = {"sft_steps": 20, "steps": 400, "max_new_tokens": 3}
+
+
 def implied_keys(merged: dict, explicit: set[str]) -> dict:
     """Values that a choice implies for keys the user did not set (presets do not count as set).
 
@@ -565,10 +568,15 @@ def implied_keys(merged: dict, explicit: set[str]) -> dict:
     dataset=FILE: `sft_steps` becomes 0. The demo's cold start imitates a built-in task's
     demonstrations at the demo's `sft_lr`; a user's data has its own (a `completion` column, or
     none), and a cold start on it is asked for with sft_steps=N.
+
+    task=shapes (the vision demo): the settings of the run the README shows, for keys not set:
+    `sft_steps` 20 (the answer format, not yet the counting), `steps` 400, `max_new_tokens` 3.
     """
     out = {}
     if merged.get("dataset") and "sft_steps" not in explicit:
         out["sft_steps"] = 0
+    if merged.get("task") == "shapes" and not merged.get("dataset"):
+        out.update({k: v for k, v in VISION_DEMO.items() if k not in explicit})
     if merged.get("loss_type") == "cispo" and "epsilon" not in explicit:
         epsilon = merged.get("epsilon", LossConfig.epsilon)
         if not merged.get("epsilon_high", LossConfig.epsilon_high):

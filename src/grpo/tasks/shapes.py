@@ -20,9 +20,9 @@ def draw(count: int, rng: random.Random):
     image = Image.new("RGB", (SIZE, SIZE), (0, 0, 0))
     pen = ImageDraw.Draw(image)
     for cell in rng.sample(range((SIZE // CELL) ** 2), count):
-        x0 = (cell % (SIZE // CELL)) * CELL + rng.randint(0, 2)
-        y0 = (cell // (SIZE // CELL)) * CELL + rng.randint(0, 2)
-        side = rng.randint(4, 6)
+        x0 = (cell % (SIZE // CELL)) * CELL + rng.randint(0, 1)
+        y0 = (cell // (SIZE // CELL)) * CELL + rng.randint(0, 1)
+        side = rng.randint(6, 7)
         box = (x0, y0, x0 + side - 1, y0 + side - 1)
         colour = rng.choice(COLOURS)
         kind = rng.randrange(3)

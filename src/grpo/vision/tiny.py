@@ -40,7 +40,7 @@ def build_tiny_processor(image_size: int = 32, patch_size: int = 8):
 
 def build_tiny_vlm(output_dir: str | Path | None = None, *, hidden_size: int = 128, layers: int = 4,
                    vision_hidden: int = 64, vision_layers: int = 2, image_size: int = 32,
-                   patch_size: int = 8, seed: int = 0):
+                   patch_size: int = 8, seed: int = 0, feature_scale: float = 10.0):
     """A randomly initialised LLaVA model and its processor; written to `output_dir` (and the
     path returned) when given, else returned as (model, processor)."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
@@ -61,6 +61,9 @@ def build_tiny_vlm(output_dir: str | Path | None = None, *, hidden_size: int = 1
                          tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
+    with torch.no_grad():     # image features an order of magnitude above the token embeddings'
+        model.model.multi_modal_projector.linear_2.weight.mul_(feature_scale)  # scale, so a random-init
+        #                       model's language layers notice them from the first steps
     if output_dir is None:
         return model, processor
     output_dir = Path(output_dir)
