@@ -89,6 +89,34 @@ def test_logprobs_equal_hugging_face_forward_per_row(family):
         assert (ours[row, n:] == 0).all()
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
+def test_shared_prompt_pass_gives_the_gradients_of_one_pass_per_row(family):
+    # Each prompt's language-model states computed once and shared by its rows (with the graph)
+    # against every row on its own: the same log-probs and the same gradients.
+    model, processor = build(family)
+    model.train()
+    texts, pictures = _prompts(processor)
+    ids, mask, visuals = vision.encode(processor, texts, pictures)
+    G, T = 2, 5
+    completion, completion_mask = _completions(model, len(ROWS) * G, T, seed=3)
+    full = torch.cat([ids.repeat_interleave(G, 0), completion], 1)
+    attention = torch.cat([mask.repeat_interleave(G, 0), completion_mask], 1)
+    rows_visuals = [v for v in visuals for _ in range(G)]
+    shared, _ = token_logprobs(model, full, attention, T, completion_mask=completion_mask, visuals=rows_visuals)
+    shared.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    alone = torch.cat([token_logprobs(model, full[r:r + 1], attention[r:r + 1], T,
+                                      completion_mask=completion_mask[r:r + 1],
+                                      visuals=rows_visuals[r:r + 1])[0] for r in range(len(full))])
+    alone.sum().backward()
+    torch.testing.assert_close(shared, alone, atol=2e-5, rtol=1e-5)
+    assert len(grads) > 10
+    for name, p in model.named_parameters():
+        if name in grads:
+            torch.testing.assert_close(grads[name], p.grad, atol=5e-5, rtol=1e-4, msg=name)
+
+
 def _counting(model):
     """Images the image encoder sees, call by call."""
     seen = []

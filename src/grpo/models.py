@@ -434,17 +434,17 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
     mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, -T:]
-    inputs = None
-    if vision.is_vision_model(model):
-        inputs = vision.forward_inputs(model, input_ids, attention_mask,
-                                       visuals if visuals is not None else [None] * len(input_ids))
+    with_images = vision.is_vision_model(model)
+    visuals = visuals if visuals is not None else [None] * len(input_ids)
+
+    def inputs() -> dict:         # one forward over every row (a VLM's: its images merged in)
+        if with_images:
+            return vision.forward_inputs(model, input_ids, attention_mask, visuals)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     if not _head_is_plain(model) or decoder.sharded(model):
         # A head that is more than a linear layer, or FSDP2 shards (gathered by the root's forward)
-        if inputs is None:
-            inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
-                      "position_ids": position_ids}
-        logits = model(**inputs, use_cache=False).logits[:, -T - 1:-1].float()
-        banned = vision.placeholder_ids(model) if vision.is_vision_model(model) else []
+        logits = model(**inputs(), use_cache=False).logits[:, -T - 1:-1].float()
+        banned = vision.placeholder_ids(model) if with_images else []
         if banned:
             logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), vision.BANNED_LOGIT)
         # (under autocast the head ran in bfloat16 here: only a head that is not a plain linear
@@ -459,10 +459,12 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         entropy = (-(logp_all.exp() * logp_all.clamp(min=torch.finfo(logp_all.dtype).min)).sum(-1)
                    * mask).detach()
         return logp, entropy if with_entropy else None
-    banned = vision.placeholder_ids(model) if inputs is not None else None
-    if inputs is not None:        # a vision-language model: its own forward merges the images
+    banned = vision.placeholder_ids(model) if with_images else None
+    if with_images:               # a vision-language model: its own forward merges the images
         backbone = getattr(model, model.base_model_prefix)
-        hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, -T - 1:-1]
+        hidden = vision.shared_prompt_hidden(model, backbone, input_ids, attention_mask, visuals, T)
+        if hidden is None:
+            hidden = backbone(**inputs(), use_cache=False).last_hidden_state[:, -T - 1:-1]
     elif decoder.supports(model):
         hidden = _lean_hidden(decoder.Decoder(model), input_ids, attention_mask, position_ids, T)
     else:

@@ -202,3 +202,53 @@ def prompt_positions(model, inputs: dict) -> torch.Tensor:
                                         image_grid_thw=inputs.get("image_grid_thw"),
                                         attention_mask=inputs["attention_mask"])
     return positions
+
+
+def _cache_name(module) -> str:
+    """Newer transformers name the KV-cache argument `cache`; older ones `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def _checkpointing(model) -> bool:
+    base = _inner(model)
+    name = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"
+    return bool(getattr(base, name, False))
+
+
+def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         visuals: list, T: int) -> torch.Tensor | None:
+    """Hidden states [N, T, H] that predict the last T tokens, with each distinct prompt (its
+    images included) run through the language model once: the prompts' keys and values, with
+    their autograd graph, are indexed out to their rows, and the completions attend to them.
+    The same numbers as one forward per row (causal attention: a prompt's states do not depend
+    on what follows), at a group's prompt cost once. None where it does not apply: no prompt is
+    shared, completions are not right-padded, or activation checkpointing is on (Hugging Face's
+    checkpointing turns the cache off)."""
+    from transformers import DynamicCache
+
+    P = input_ids.shape[1] - T
+    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
+                                      dim=0, return_inverse=True)
+    completion_attention = attention_mask[:, P:]
+    right_padded = bool((completion_attention[:, 1:] <= completion_attention[:, :-1]).all())
+    if (len(prompts) == len(input_ids) or not right_padded or T < 1
+            or _checkpointing(model)):
+        return None
+    first = [int((prompt_of == u).nonzero()[0]) for u in range(len(prompts))]
+    inputs = forward_inputs(model, prompts[:, :P], prompts[:, P:], [visuals[i] for i in first])
+    positions = prompt_positions(model, inputs)                  # [U, P] or [3, U, P]
+    inputs["position_ids"] = positions
+    cache = DynamicCache(config=_inner(model).config)
+    out = backbone(**inputs, **{_cache_name(backbone): cache}, use_cache=True)
+    cache.batch_select_indices(prompt_of)          # indexing: the rows' gradients flow back to it
+    last = positions.amax(0) if positions.dim() == 3 else positions
+    start = last.amax(-1)[prompt_of]                                            # [N]
+    steps = start[:, None] + 1 + torch.arange(T, device=input_ids.device)[None]  # [N, T]
+    rest = {"input_ids": input_ids[:, P:], "attention_mask": attention_mask,
+            "position_ids": steps[None].expand(3, -1, -1) if positions.dim() == 3 else steps}
+    for key in ("mm_token_type_ids", "token_type_ids"):
+        if key in inputs:
+            rest[key] = torch.zeros_like(input_ids[:, P:])
+    completion = backbone(**rest, **{_cache_name(backbone): cache}, use_cache=True).last_hidden_state
+    return torch.cat([out.last_hidden_state[:, -1:][prompt_of], completion[:, :-1]], 1)
