@@ -10,9 +10,10 @@ model of hidden 256 and 4 layers. Every run: 2 prompts x 8 completions of up to 
 beta 0.04, mu 1, lr 5e-4, temperature 1, one process, the machine's threads. The prompts are the
 `shapes` task's pictures scaled up, "how many shapes?".
 
-"per completion" is grpo with each completion given its own copy of its prompt's images, so
-every log-prob pass runs the tower on all 16 rows' images instead of the 2 prompts' (sampling
-still prefills each prompt once in both grpo runs). Step times are medians over every step but
+"per completion" is grpo with each completion given its own copy of its prompt's images and its
+own pass over the prompt: every log-prob pass runs the tower on all 16 rows' images instead of the
+2 prompts', and the language model on 16 copies of the prompts' tokens (image tokens included)
+instead of 2 (sampling still prefills each prompt once in both grpo runs). Step times are medians over every step but
 each run's first; memory is each process's peak resident set (VmHWM), median over runs; the
 three sides alternate order between repeats.
 """
@@ -57,10 +58,12 @@ def run_grpo(model: str, data: str, steps: int, per_completion: bool) -> dict:
     from grpo.train import train
     from trl_driver import peak_rss_kb
 
-    if per_completion:
+    if per_completion:          # every row its own copy of its prompt's images, and its own prompt pass
+        import grpo.vision
         shared = inputs.encoder_outputs
         inputs.encoder_outputs = lambda m, visuals: shared(
             m, [copy.copy(v) if v is not None else None for v in visuals])
+        grpo.vision.shared_prompt_hidden = lambda *args: None
     with tempfile.TemporaryDirectory() as out:
         config = load_config(overrides=[
             f"model={model}", f"dataset={data}", "group_size=8", "prompts_per_step=2",
