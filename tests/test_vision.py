@@ -245,3 +245,77 @@ def test_image_rows_given_to_a_text_only_model_are_refused(tmp_path):
     config = load_config(overrides=[f"dataset={path}", "steps=1", f"output_dir={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match=r"text-only model.*has images \(1 of 1 rows, the first row 1\)"):
         train(config, log=lambda line: None)
+
+
+class PictureGame:
+    """Shows a picture after the first turn and asks for its count; 1 for the right count."""
+
+    def reset(self, row):
+        self.answer = row["answer"]
+        return "look "
+
+    def step(self, text):
+        from grpo.environments import Step
+        from grpo.tasks.shapes import draw
+        import random
+        if not hasattr(self, "shown"):
+            self.shown = True
+            return Step(["see ", draw(int(self.answer), random.Random(int(self.answer))), " count?"], None, False)
+        return Step("ok", 1.0 if text.strip() == self.answer else 0.0, True)
+
+
+def _tiny_vlm():
+    from grpo.vision.tiny import build_tiny_vlm
+    model, processor = build_tiny_vlm(hidden_size=32, layers=2, vision_hidden=32, vision_layers=1)
+    tok = processor.tokenizer
+    tok.grpo_processor, tok.padding_side = processor, "left"
+    return model, tok
+
+
+def test_an_observation_image_enters_the_episode_once_as_image_tokens_masked_out_of_the_loss():
+    from grpo.episodes import EpisodeLimits, EpisodeSampler
+    from grpo.tasks.shapes import draw
+    import random
+    model, tok = _tiny_vlm()
+    image_token = vision.placeholder_ids(model)[0]
+    with torch.no_grad():                 # turns that end (at EOS) within their few tokens
+        model.lm_head.bias = torch.nn.Parameter(torch.zeros(model.lm_head.out_features))
+        model.lm_head.bias[tok.eos_token_id] = 4.0
+    limits = EpisodeLimits(max_turns=2, turn_tokens=3, episode_tokens=64, observation_tokens=40)
+    sampler = EpisodeSampler(model, tok, limits=limits, tools={}, call_format="plain", make_env=PictureGame)
+    rows = [{"prompt": "count", "answer": "2", "images": [draw(3, random.Random(0))]},
+            {"prompt": "count", "answer": "3", "images": [draw(1, random.Random(1))]}]
+    texts = [format_prompt(tok, r["prompt"], "auto", images=1) for r in rows]
+    G = 3
+    torch.manual_seed(0)
+    rollout = sampler.sample(texts, G, rows=rows)
+    sampler_prompts = [rollout.visuals[g * G] if isinstance(rollout.visuals[g * G], vision.Visual)
+                       else rollout.visuals[g * G][0] for g in range(len(rows))]
+    shown = 0
+    for i in range(len(rollout)):
+        ids, policy, context = rollout.completion_ids[i], rollout.completion_mask[i], rollout.context_mask[i]
+        images = ids == image_token
+        if rollout.episodes["turns"][i] < 2:            # its first turn was cut: no picture came
+            assert not images.any() and isinstance(rollout.visuals[i], vision.Visual)
+            continue
+        shown += 1
+        assert int(images.sum()) == 16                  # the observation's picture, once
+        assert not (policy.bool() & images).any()       # never in the loss
+        assert context[images].all()                    # always attended
+        assert isinstance(rollout.visuals[i], tuple) and len(rollout.visuals[i]) == 2
+        assert rollout.visuals[i][0] is sampler_prompts[i // G]          # the prompt's, shared
+    assert shown >= 4
+    seen = _counting(model)
+    logp = logprobs_of(model, rollout, micro_batch_size=64)
+    assert seen == [len(rows) + shown]                  # each prompt's picture once, each observation's once
+    policy = rollout.completion_mask.bool()
+    torch.testing.assert_close(logp[policy], rollout.sampler_logprobs[policy], atol=1e-5, rtol=0)
+    assert (logp[~policy] == 0).all()
+
+
+def test_an_observation_image_for_a_text_only_model_is_refused():
+    from grpo.environments import EnvironmentError_
+    from grpo.episodes import answer_ids
+    from grpo.models import build_tiny_tokenizer
+    with pytest.raises(EnvironmentError_, match="observation holds an image, but the model is text-only"):
+        answer_ids(build_tiny_tokenizer(), ["see", Image.new("RGB", (4, 4))])

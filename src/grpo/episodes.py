@@ -28,15 +28,16 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
 
-from grpo import decoder
+from grpo import decoder, vision
 from grpo.environments import (EnvironmentError_, as_step, checked_instance, label, method_tools,
                                with_deadline)
 from grpo.rollout import Rollout
-from grpo.sampling import draw, eos_ids
+from grpo.sampling import draw, eos_ids, vision_prompts, vision_turns
 from grpo.tools import FORMATS, CallFormat, Tool, run_call
 
 
@@ -67,6 +68,8 @@ class Episode:
     tool_calls: int = 0
     tool_failures: int = 0
     env_failures: int = 0
+    visuals: list = field(default_factory=list)         # vision.Visual of each observation
+    #                                                     image, in the order of its tokens
 
     def add(self, tokens: list[int], by_policy: bool, logprobs: list[float] | None = None) -> None:
         self.ids += tokens
@@ -152,8 +155,7 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
         logits, state = lean.start(enc.input_ids.to(device), enc.attention_mask.to(device),
                                    limits.turn_tokens, repeat=G)
         batch = list(range(N))                      # cache row -> episode
-        first = [tokenizer(ep.row.get("_observation") or "", add_special_tokens=False).input_ids
-                 for ep in episodes]
+        first = [answer_ids(tokenizer, ep.row.get("_observation"))[0] for ep in episodes]
         logits = _append(lean, state, logits, batch, episodes, first, tokenizer, limits)
         for turn in range(limits.max_turns):
             if not batch:
@@ -169,7 +171,7 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
                 logits = logits[index]
                 answers = [answers[r] for r in keep]
                 batch = [batch[r] for r in keep]
-            tokens = [tokenizer(a, add_special_tokens=False).input_ids if a else [] for a in answers]
+            tokens = [answer_ids(tokenizer, a)[0] for a in answers]
             logits = _append(lean, state, logits, batch, episodes, tokens, tokenizer, limits)
     finally:
         model.train(was_training)
@@ -197,7 +199,7 @@ def start_episode(row: dict, make_env, tools: dict[str, Tool], limits: EpisodeLi
             where = f"row {number + 1}" if isinstance(number, int) else "a row"
             raise EnvironmentError_(f"environment {type(env).__name__}: reset failed on {where} "
                                     f"({error})")
-        row["_observation"] = value if isinstance(value, str) else None
+        row["_observation"] = value if isinstance(value, str) or has_images(value) else None
     return Episode(row=row, env=env, tools=episode_tools(env, tools))
 
 
@@ -217,10 +219,50 @@ def _answer_turns(live: list[Episode], tokenizer, fmt: CallFormat, limits: Episo
     return answers
 
 
-def _add_answer(ep: Episode, ids: list[int], limits: EpisodeLimits) -> list[int]:
+def has_images(value) -> bool:
+    """An observation that holds pictures: a PIL image, or a list of text and PIL images."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(hasattr(x, "convert") and hasattr(x, "size") and not isinstance(x, str) for x in items)
+
+
+def answer_ids(tokenizer, answer) -> tuple[list[int], list]:
+    """An answer's token ids and the vision.Visual of each image in it. Text is tokenized; an
+    image (an environment's observation may be a PIL image or a list of text and images) goes
+    through the model's processor once, which writes its image tokens; a text-only model is
+    refused with the reason, never handed the image as text."""
+    if not answer:
+        return [], []
+    if not has_images(answer):
+        return tokenizer(str(answer), add_special_tokens=False).input_ids, []
+    processor = getattr(tokenizer, "grpo_processor", None)
+    if processor is None:
+        raise EnvironmentError_("an observation holds an image, but the model is text-only (it has "
+                                "no image processor); use a vision-language model")
+    ids, visuals = [], []
+    for part in (answer if isinstance(answer, (list, tuple)) else [answer]):
+        if isinstance(part, str):
+            ids += tokenizer(part, add_special_tokens=False).input_ids
+        elif has_images(part):
+            tokens, mask, (visual,) = vision.encode(processor, [vision.image_placeholder(processor)],
+                                                     [[vision.load_image(part, "an observation")]])
+            ids += tokens[0][mask[0].bool()].tolist()
+            visuals.append(visual)
+        elif part is not None:
+            ids += tokenizer(str(part), add_special_tokens=False).input_ids
+    return ids, visuals
+
+
+def _add_answer(ep: Episode, ids: list[int], limits: EpisodeLimits, visuals: list | None = None) -> list[int]:
     """Append an answer's tokens, cut to `observation_tokens` and to the episode's budget (which,
-    when it runs out, truncates the episode); return what was appended."""
+    when it runs out, truncates the episode); return what was appended. An answer with images is
+    never cut through them: if it does not fit whole, nothing of it is appended and the episode
+    is truncated."""
     left = limits.episode_tokens - len(ep.ids)
+    if visuals and len(ids) > min(limits.observation_tokens, max(0, left)):
+        ep.done = ep.truncated = True
+        ep.turn_start = len(ep.ids)
+        return []
+    ep.visuals += list(visuals or [])
     cut = ids[:min(limits.observation_tokens, max(0, left))]
     ep.add(cut, by_policy=False)
     if ids and len(ep.ids) >= limits.episode_tokens:
@@ -232,20 +274,34 @@ def _add_answer(ep: Episode, ids: list[int], limits: EpisodeLimits) -> list[int]
 def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list[str],
                               rows: list[dict], group_size: int, *, make_env, tools: dict[str, Tool],
                               call_format: str | CallFormat, limits: EpisodeLimits,
-                              temperature: float, top_p: float = 1.0) -> Rollout:
+                              temperature: float, top_p: float = 1.0, encoded=None) -> Rollout:
     """Episodes on an engine that keeps its own cache (vLLM, whose prefix cache makes each turn
     cost its new tokens): `generate_turns(histories, max_tokens, stop)` gets every live episode's
     token ids so far (prompt included) and returns, per episode, (new token ids, their log-probs,
-    whether the turn was cut at max_tokens). Everything else is what the lean-decoder path does."""
+    whether the turn was cut at max_tokens). Everything else is what the lean-decoder path does.
+
+    `encoded` (prompt ids, mask [B, P] and vision.Visual per prompt, from vision.encode) are
+    prompts with images; `generate_turns` then also gets `visuals=`, each history's images in
+    order (its prompt's, then its observations'), and the rollout's rows carry them."""
     fmt = call_format if isinstance(call_format, CallFormat) else FORMATS[call_format]
     eos = set(eos_ids(tokenizer.eos_token_id).tolist())
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    if encoded is None:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        prompt_visuals = None
+    else:
+        ids, mask, prompt_visuals = encoded
+        enc = SimpleNamespace(input_ids=ids, attention_mask=mask)
+        prompt_ids = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     G, N = group_size, len(prompts) * group_size
     episodes = [start_episode(rows[i // G], make_env, tools, limits) for i in range(N)]
+
+    def parts(i: int) -> tuple:
+        ep, first = episodes[i], prompt_visuals[i // G] if prompt_visuals is not None else None
+        return tuple(v for v in [first, *ep.visuals] if v is not None)
     for ep in episodes:
-        _add_answer(ep, tokenizer(ep.row.get("_observation") or "",
-                                  add_special_tokens=False).input_ids, limits)
+        ids, visuals = answer_ids(tokenizer, ep.row.get("_observation"))
+        _add_answer(ep, ids, limits, visuals)
     for turn in range(limits.max_turns):
         for ep in episodes:
             if not ep.done and len(ep.ids) >= limits.episode_tokens:
@@ -254,8 +310,9 @@ def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list
         if not live:
             break
         room = [min(limits.turn_tokens, limits.episode_tokens - len(episodes[i].ids)) for i in live]
-        outputs = generate_turns([prompt_ids[i // G] + episodes[i].ids for i in live], room,
-                                 fmt.stop)
+        histories = [prompt_ids[i // G] + episodes[i].ids for i in live]
+        outputs = (generate_turns(histories, room, fmt.stop) if encoded is None else
+                   generate_turns(histories, room, fmt.stop, visuals=[parts(i) for i in live]))
         for i, (ids, logprobs, cut) in zip(live, outputs):
             ep = episodes[i]
             ep.add(list(ids), by_policy=True, logprobs=list(logprobs))
@@ -268,9 +325,14 @@ def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list
                                 last=turn + 1 == limits.max_turns)
         for i, answer in zip(live, answers):
             if not episodes[i].done:
-                _add_answer(episodes[i], tokenizer(answer, add_special_tokens=False).input_ids
-                            if answer else [], limits)
-    return _to_rollout(episodes, prompts, enc, G, tokenizer, temperature, top_p)
+                ids, visuals = answer_ids(tokenizer, answer)
+                _add_answer(episodes[i], ids, limits, visuals)
+    rollout = _to_rollout(episodes, prompts, enc, G, tokenizer, temperature, top_p)
+    if encoded is not None:
+        # a row without observation images keeps its group's shared Visual (one tower pass, one
+        # prompt pass per group); one with them holds its images in order, prompt's first
+        rollout.visuals = [parts(i) if episodes[i].visuals else prompt_visuals[i // G] for i in range(N)]
+    return rollout
 
 
 def _append(lean, state, logits, batch, episodes, tokens: list[list[int]], tokenizer,
@@ -411,8 +473,28 @@ class EpisodeSampler:
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
                uniforms: torch.Tensor | None = None, rows: list[dict] | None = None) -> Rollout:
         rows = rows if rows is not None else [{} for _ in prompts]
+        if vision.is_vision_model(self.model):
+            return self._vision_episodes(prompts, group_size, greedy, rows)
         return sample_episodes(self.model, self.tokenizer, prompts, rows, group_size,
                                make_env=self.make_env, tools=self.tools,
                                call_format=self.call_format, limits=self.limits,
                                temperature=self.temperature, top_p=self.top_p, greedy=greedy,
                                uniforms=uniforms)
+
+    def _vision_episodes(self, prompts: list[str], group_size: int, greedy: bool, rows: list[dict]):
+        """Episodes of a vision-language model: each turn prefills the history with its images
+        (sampling.vision_turns); images in observations are appended as image tokens."""
+        model, tok = self.model, self.tokenizer
+        temperature, top_p = (1.0, 1.0) if greedy else (self.temperature, self.top_p)
+        was_training = model.training
+        model.eval()
+        try:
+            return sample_episodes_on_engine(
+                lambda histories, room, stop, visuals: vision_turns(
+                    model, tok, histories, room, stop, visuals=visuals, temperature=temperature,
+                    top_p=top_p, greedy=greedy),
+                tok, prompts, rows, group_size, make_env=self.make_env, tools=self.tools,
+                call_format=self.call_format, limits=self.limits, temperature=temperature,
+                top_p=top_p, encoded=vision_prompts(tok, prompts, rows))
+        finally:
+            model.train(was_training)

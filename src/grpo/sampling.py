@@ -110,6 +110,52 @@ def vision_prompts(tokenizer, prompts: list[str], rows: list[dict]):
     return vision.encode(processor, prompts, pictures)
 
 
+@torch.no_grad()
+def vision_turns(model, tokenizer, histories: list[list[int]], room: list[int], stop: str, *,
+                 visuals: list, temperature: float = 1.0, top_p: float = 1.0,
+                 greedy: bool = False) -> list[tuple[list[int], list[float], bool]]:
+    """One turn of each episode on a vision-language model (episodes.sample_episodes_on_engine's
+    `generate_turns`): each history, left-padded, is prefilled with its images (`visuals`, each
+    distinct one encoded once), then decoded to EOS, the `stop` text (kept) or its `room` of
+    tokens. Returns per history (token ids, their log-probs, cut at room)."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    device = next(model.parameters()).device
+    n, width = len(histories), max(map(len, histories))
+    ids = torch.full((n, width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(n, width, dtype=torch.long)
+    for i, h in enumerate(histories):
+        ids[i, width - len(h):], mask[i, width - len(h):] = torch.tensor(h, dtype=torch.long), 1
+    cache = _Cache(model, ids.to(device), mask.to(device), max(room), 1, visuals)
+    logits = cache.logits
+    banned = torch.tensor(vision.placeholder_ids(model), dtype=torch.long, device=device)
+    warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
+    eos = set(eos_ids(tokenizer.eos_token_id).tolist())
+    tokens, logprobs = [[] for _ in range(n)], [[] for _ in range(n)]
+    open_, cut = [True] * n, [False] * n
+    for _ in range(max(room)):
+        scores = logits.float().index_fill(-1, banned, vision.BANNED_LOGIT) if len(banned) else logits.float()
+        if not greedy and temperature != 1.0:
+            scores = scores / temperature
+        if warper is not None:
+            scores = warper(None, scores)
+        chosen, lse = draw(scores, greedy)
+        chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1).tolist()
+        for i, token in enumerate(chosen.tolist()):
+            if not open_[i]:
+                continue
+            tokens[i].append(token)
+            logprobs[i].append(chosen_logp[i])
+            if token in eos or (stop and tokenizer.decode(tokens[i]).endswith(stop)):
+                open_[i] = False
+            elif len(tokens[i]) >= room[i]:
+                open_[i], cut[i] = False, True
+        if not any(open_):
+            break
+        logits = cache.step(chosen)
+    return [(tokens[i], logprobs[i], cut[i]) for i in range(n)]
+
+
 PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the running ones has ended
 
 

@@ -104,13 +104,22 @@ def _pick(x, units: list[int]):
     return [x[u] for u in units]
 
 
-def encoder_outputs(model, visuals: list[Visual | None]):
-    """The image encoder's outputs for rows whose prompts are `visuals` ([N], shared objects for
-    a group's rows): the encoder runs once, on the distinct prompts; None if no row has images."""
+def parts_of(row) -> tuple:
+    """A row's Visuals in the order of their tokens: none, its prompt's, or (in an episode whose
+    observations hold images) a tuple of its prompt's and its observations'."""
+    if row is None:
+        return ()
+    return tuple(row) if isinstance(row, (tuple, list)) else (row,)
+
+
+def encoder_outputs(model, visuals: list):
+    """The image encoder's outputs for rows whose images are `visuals` ([N]: a Visual, shared by
+    a group's rows, or a tuple of them, or None): the encoder runs once on the distinct Visuals;
+    None if no row has images."""
     distinct: dict[int, int] = {}
     unique: list[Visual] = []
-    for v in visuals:
-        if v is not None and id(v) not in distinct:
+    for v in (part for row in visuals for part in parts_of(row)):
+        if id(v) not in distinct:
             distinct[id(v)] = len(unique)
             unique.append(v)
     if not unique:
@@ -119,12 +128,12 @@ def encoder_outputs(model, visuals: list[Visual | None]):
     batch = {k: _stack([v.pixels[k] for v in unique]).to(device) for k in unique[0].pixels}
     out = _inner(model).get_image_features(**batch, return_dict=True)
     counts = [v.images for v in unique]
+    in_order = [v for row in visuals for v in parts_of(row)]          # as their tokens come
     if len(out.pooler_output) == sum(counts):          # features per image
         starts = torch.tensor([0] + counts).cumsum(0).tolist()
-        units = [u for v in visuals if v is not None
-                 for u in range(starts[distinct[id(v)]], starts[distinct[id(v)]] + v.images)]
+        units = [u for v in in_order for u in range(starts[distinct[id(v)]], starts[distinct[id(v)]] + v.images)]
     elif len(out.pooler_output) == len(unique):        # features per prompt (Idefics3, SmolVLM)
-        units = [distinct[id(v)] for v in visuals if v is not None]
+        units = [distinct[id(v)] for v in in_order]
     else:
         raise ValueError(f"{type(_inner(model)).__name__}.get_image_features gave "
                          f"{len(out.pooler_output)} feature sets for {len(unique)} prompts holding "
@@ -166,14 +175,14 @@ def forward_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     types, and position ids (counted from the mask, except where multimodal RoPE derives them)."""
     kwargs: dict = {"input_ids": input_ids, "attention_mask": attention_mask}
     counted = (attention_mask.cumsum(-1) - 1).clamp(min=0)                 # [N, L]
-    if not any(v is not None for v in visuals):
+    if not any(parts_of(v) for v in visuals):
         kwargs["position_ids"] = counted[None].expand(3, -1, -1) if uses_mrope(model) else counted
         return kwargs
     if not uses_mrope(model):
         kwargs["position_ids"] = counted
     features = encoder_outputs(model, visuals) if features is None else features
     kwargs["mm_encoder_outputs"] = {"image": features}
-    rows = [v for v in visuals if v is not None]
+    rows = [v for row in visuals for v in parts_of(row)]
     for key in ("image_grid_thw",):
         if key in rows[0].pixels and _accepts(model, key):
             kwargs[key] = torch.cat([v.pixels[key] for v in rows]).to(input_ids.device)
@@ -232,8 +241,8 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
                                       dim=0, return_inverse=True)
     completion_attention = attention_mask[:, P:]
     right_padded = bool((completion_attention[:, 1:] <= completion_attention[:, :-1]).all())
-    if (len(prompts) == len(input_ids) or not right_padded or T < 1
-            or _checkpointing(model)):
+    if (len(prompts) == len(input_ids) or not right_padded or T < 1 or _checkpointing(model)
+            or any(isinstance(v, (tuple, list)) for v in visuals)):   # images after the prompt
         return None
     first = [int((prompt_of == u).nonzero()[0]) for u in range(len(prompts))]
     inputs = forward_inputs(model, prompts[:, :P], prompts[:, P:], [visuals[i] for i in first])
@@ -252,3 +261,14 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
             rest[key] = torch.zeros_like(input_ids[:, P:])
     completion = backbone(**rest, **{_cache_name(backbone): cache}, use_cache=True).last_hidden_state
     return torch.cat([out.last_hidden_state[:, -1:][prompt_of], completion[:, :-1]], 1)
+
+
+def image_placeholder(processor) -> str:
+    """The text one image is written as, which the processor expands into its image tokens
+    (Gemma 3's begin-of-image; Qwen's pad token between its vision start and end)."""
+    token = getattr(processor, "boi_token", None) or processor.image_token
+    start, end = getattr(processor, "vision_start_token", None), getattr(processor, "vision_end_token", None)
+    vocab = processor.tokenizer.get_vocab()
+    if start is None and token == "<|image_pad|>" and "<|vision_start|>" in vocab:
+        start, end = "<|vision_start|>", "<|vision_end|>"
+    return (start or "") + token + (end or "")
