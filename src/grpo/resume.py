@@ -154,12 +154,30 @@ def load_weights(policy, path: Path) -> None:
         from peft import set_peft_model_state_dict
         set_peft_model_state_dict(policy, load_file(path / "adapter_model.safetensors"))
         return
-    state = load_file(path / "model.safetensors")
+    state = _model_names(policy, load_file(path / "model.safetensors"))
     missing, unexpected = policy.load_state_dict(state, strict=False)
     tied = set(getattr(policy, "all_tied_weights_keys", None) or {})
     if unexpected or set(missing) - tied:
         raise CheckpointError(f"{path}/model.safetensors does not fit the model: missing "
                               f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+
+
+def _model_names(model, state: dict) -> dict:
+    """Saved weights under the model's own parameter names. save_pretrained writes some models'
+    weights under their checkpoints' older names (transformers 5 renames LLaVA's, Qwen-VL's and
+    others' when loading, and back when saving); a rename is matched through the tensors that
+    reverting the model's own state dict maps each name to."""
+    own = model.state_dict()
+    if set(state) <= set(own):
+        return state
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+        reverted = revert_weight_conversion(model, dict(own))
+    except (ImportError, AttributeError, TypeError):
+        return state
+    by_tensor = {id(t): name for name, t in own.items()}
+    rename = {saved: by_tensor[id(t)] for saved, t in reverted.items() if id(t) in by_tensor}
+    return {rename.get(name, name): t for name, t in state.items()}
 
 
 def reference_state(path: Path | None) -> dict | None:

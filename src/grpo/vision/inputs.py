@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo.decoder import share
+
 TOWERS = ("vision_tower", "visual", "vision_model")   # what each family calls its image encoder
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 
@@ -99,8 +101,10 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _pick(x, units: list[int]):
+    """Feature sets by unit, repeats included; a tensor through decoder.share, whose backward
+    sums a unit's rows in a fixed order (indexing's own accumulates in a varying one)."""
     if isinstance(x, torch.Tensor):
-        return x[torch.tensor(units, dtype=torch.long, device=x.device)]
+        return share(x, torch.tensor(units, dtype=torch.long, device=x.device))
     return [x[u] for u in units]
 
 
@@ -250,7 +254,8 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
     inputs["position_ids"] = positions
     cache = DynamicCache(config=_inner(model).config)
     out = backbone(**inputs, **{_cache_name(backbone): cache}, use_cache=True)
-    cache.batch_select_indices(prompt_of)          # indexing: the rows' gradients flow back to it
+    for layer in cache.layers:     # each prompt's keys and values to its rows, graph and all
+        layer.keys, layer.values = share(layer.keys, prompt_of), share(layer.values, prompt_of)
     last = positions.amax(0) if positions.dim() == 3 else positions
     start = last.amax(-1)[prompt_of]                                            # [N]
     steps = start[:, None] + 1 + torch.arange(T, device=input_ids.device)[None]  # [N, T]
@@ -260,7 +265,7 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
         if key in inputs:
             rest[key] = torch.zeros_like(input_ids[:, P:])
     completion = backbone(**rest, **{_cache_name(backbone): cache}, use_cache=True).last_hidden_state
-    return torch.cat([out.last_hidden_state[:, -1:][prompt_of], completion[:, :-1]], 1)
+    return torch.cat([share(out.last_hidden_state[:, -1:], prompt_of), completion[:, :-1]], 1)
 
 
 def image_placeholder(processor) -> str:
