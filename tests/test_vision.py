@@ -351,3 +351,28 @@ def test_a_vision_run_resumes_bit_for_bit(tmp_path):
     assert any(row[2] != 0 for row in first)              # the policy moved: the comparison bites
     for (name, p), q in zip(whole.policy.named_parameters(), resumed.policy.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_a_tool_that_returns_a_picture_answers_with_image_tokens():
+    from grpo.episodes import Episode, answer_ids, respond
+    from grpo.tasks.shapes import draw
+    from grpo.tools import FORMATS, make_tool
+    import random
+
+    def chart(count: str):
+        """Draw a chart of `count` shapes.
+
+        Args:
+            count: how many shapes
+        """
+        return ["chart:", draw(int(count), random.Random(int(count)))]
+    model, tok = _tiny_vlm()
+    ep = Episode(row={}, env=None, tools={"chart": make_tool(chart)})
+    answer = respond(ep, "<call>chart 3</call>", FORMATS["plain"], 5.0)
+    assert [type(p).__name__ for p in answer] == ["str", "Image", "str"]
+    assert answer[0].endswith("chart:") and ep.tool_calls == 1 and ep.tool_failures == 0
+    ids, visuals = answer_ids(tok, answer)
+    image_token = vision.placeholder_ids(model)[0]
+    assert ids.count(image_token) == 16 and len(visuals) == 1 and visuals[0].images == 1
+    text = tok.decode(ids, skip_special_tokens=True)
+    assert "chart:" in text and "\u2063" not in text

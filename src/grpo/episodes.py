@@ -38,7 +38,7 @@ from grpo.environments import (EnvironmentError_, as_step, checked_instance, lab
                                with_deadline)
 from grpo.rollout import Rollout
 from grpo.sampling import draw, eos_ids, vision_prompts, vision_turns
-from grpo.tools import FORMATS, CallFormat, Tool, run_call
+from grpo.tools import FORMATS, IMAGE_MARK, CallFormat, Tool, run_call
 
 
 @dataclass(frozen=True)
@@ -104,14 +104,15 @@ def respond(ep: Episode, text: str, fmt: CallFormat, deadline_s: float) -> str |
     else nothing (the episode ends). Sets ep.done and records the turn's reward."""
     calls = fmt.parse(text, ep.tools)
     if calls:
-        results = []
+        results, images = [], []
         for call in calls:
             outcome = run_call(call, ep.tools, deadline_s)
             ep.tool_calls += 1
             ep.tool_failures += outcome.failed
             results.append(outcome.text)
+            images += outcome.images
         ep.turn_rewards.append(None)
-        return fmt.answer_of(results)
+        return _with_images(fmt.answer_of(results), images)
     if ep.env is None:
         ep.turn_rewards.append(None)
         ep.done = True
@@ -217,6 +218,17 @@ def _answer_turns(live: list[Episode], tokenizer, fmt: CallFormat, limits: Episo
         if last and not ep.done:
             ep.done = ep.truncated = True          # out of turns
     return answers
+
+
+def _with_images(answer: str, images: list):
+    """A tools' answer with its results' images where their marks are: text and images in order."""
+    if not images:
+        return answer
+    pieces = answer.split(IMAGE_MARK)
+    parts: list = []
+    for k, piece in enumerate(pieces):
+        parts += [piece] + ([images[k]] if k < len(images) else [])
+    return [p for p in parts if not isinstance(p, str) or p]
 
 
 def has_images(value) -> bool:

@@ -250,6 +250,14 @@ class Outcome:
     text: str                # what the model sees
     failed: bool             # raised, timed out, unknown tool, malformed call
     kind: str = "ok"         # ok | error | timeout | unknown | malformed
+    images: tuple = ()       # PIL images the result holds, each at an IMAGE_MARK in `text`
+
+
+IMAGE_MARK = "\u2063image\u2063"     # where a result's image goes (invisible separators around it)
+
+
+def is_image(value) -> bool:
+    return hasattr(value, "convert") and hasattr(value, "size") and not isinstance(value, (str, bytes))
 
 
 def run_call(call: Call, tools: dict[str, Tool], deadline_s: float, max_chars: int = 2000) -> Outcome:
@@ -269,6 +277,12 @@ def run_call(call: Call, tools: dict[str, Tool], deadline_s: float, max_chars: i
         return Outcome(f"error: {call.name} did not answer within {deadline_s:g} s", True, "timeout")
     if kind != "ok":
         return Outcome(f"error: {value}"[:max_chars], True, "error")
+    parts = list(value) if isinstance(value, (list, tuple)) and any(map(is_image, value)) else [value]
+    images = tuple(p for p in parts if is_image(p))
+    if images:      # a picture (a chart, a rendered board) reaches a vision model as image tokens
+        text = "".join(IMAGE_MARK if is_image(p) else p if isinstance(p, str) else json.dumps(p, default=str)
+                       for p in parts)
+        return Outcome(text, False, images=images)
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if len(text) > max_chars:
         text = text[:max_chars] + f"\n[cut at {max_chars:,} characters]"
