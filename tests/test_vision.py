@@ -117,6 +117,29 @@ def test_shared_prompt_pass_gives_the_gradients_of_one_pass_per_row(family):
             torch.testing.assert_close(grads[name], p.grad, atol=5e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])
+def test_the_same_text_with_other_pictures_is_another_prompt(family):
+    # Two groups whose prompts tokenize alike (same text, same image size) but hold different
+    # pictures: each row's log-probs are those of its own picture.
+    model, processor = build(family)
+    text = processor.apply_chat_template(messages("how many?", 1), tokenize=False, add_generation_prompt=True)
+    first, second = images(1, 7)[0], images(1, 8)[0].resize(images(1, 7)[0].size)
+    ids, mask, visuals = vision.encode(processor, [text, text], [[first], [second]])
+    assert torch.equal(ids[0], ids[1])
+    G, T = 2, 4
+    completion, completion_mask = _completions(model, 2 * G, T, seed=5)
+    full = torch.cat([ids.repeat_interleave(G, 0), completion], 1)
+    attention = torch.cat([mask.repeat_interleave(G, 0), completion_mask], 1)
+    with torch.no_grad():
+        ours, _ = token_logprobs(model, full, attention, T, completion_mask=completion_mask,
+                                 visuals=[v for v in visuals for _ in range(G)])
+    for row in range(len(full)):
+        n = int(completion_mask[row].sum())
+        picture = [first] if row < G else [second]
+        reference = _hf_logprobs(model, processor, text, picture, completion[row], n)
+        torch.testing.assert_close(ours[row, :n], reference, atol=2e-5, rtol=1e-5)
+
+
 def _counting(model):
     """Images the image encoder sees, call by call."""
     seen = []

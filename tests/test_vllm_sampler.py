@@ -38,8 +38,9 @@ class FakeEngineModel:
         self.loaded = []
 
     def load_weights(self, weights):
-        weights = dict(weights)
-        self.loaded.append(weights)
+        from grpo.resume import _model_names     # as vLLM reads a checkpoint's names
+        self.loaded.append(dict(weights))
+        weights = _model_names(self.model, dict(weights))
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         assert not unexpected, unexpected
 
@@ -71,7 +72,10 @@ class FakeLLM:
         self.events.append("generate")
         sampler = HFSampler(self.inner.model, self.tok, max_new_tokens=params.max_tokens,
                             temperature=params.temperature or 1.0)
-        r = sampler.sample(prompts, params.n, greedy=params.temperature == 0)
+        rows = [{"images": p["multi_modal_data"]["image"]} if isinstance(p, dict) else {} for p in prompts]
+        self.requests, self.params = prompts, params
+        texts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
+        r = sampler.sample(texts, params.n, greedy=params.temperature == 0, rows=rows)
         outs = []
         for i in range(len(prompts)):
             comps = []
@@ -179,3 +183,34 @@ def test_a_rollout_worker_samples_with_its_own_engine_synced_to_each_version(tin
     # trainer holds the same weights, so the two policies' log-probs agree
     assert diffs[0] < 1e-4
     assert [r["pipeline/staleness_max"] for r in result.history] == [0, 1, 1, 1]
+
+
+def test_image_prompts_reach_the_engine_as_multimodal_input_and_train(tmp_path, fake_vllm):
+    # Structurally, against the stand-in engine: prompts with their PIL images as vLLM's
+    # multi_modal_data, placeholders biased away, the rollout's prompt ids the processor's, and
+    # weights synced under the checkpoint's names.
+    import json
+    import random
+    from grpo.tasks.shapes import draw
+    from grpo.train import train
+    (tmp_path / "pics").mkdir()
+    rows = []
+    for i in range(8):
+        draw(1 + i % 4, random.Random(i)).save(tmp_path / "pics" / f"{i}.png")
+        rows.append({"question": "how many shapes?", "answer": str(1 + i % 4), "image": f"pics/{i}.png"})
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = build_config({"model": "tiny-vlm", "sampler": "vllm", "dataset": str(tmp_path / "d.jsonl"),
+                           "rewards": ["exact_answer"], "steps": 2, "prompts_per_step": 2, "group_size": 2,
+                           "max_new_tokens": 3, "eval_every": 0, "save_every": 0, "threads": 1,
+                           "tis_cap": 2.0, "output_dir": str(tmp_path / "run")})
+    result = train(config, log=lambda line: None)
+    (llm,) = FakeLLM.made
+    assert all(isinstance(r, dict) and len(r["multi_modal_data"]["image"]) == 1 for r in llm.requests)
+    assert "<image>" in llm.requests[0]["prompt"]
+    image_token = result.tokenizer.convert_tokens_to_ids("<image>")
+    assert llm.params.logit_bias == {image_token: -100.0}
+    assert llm.events.count("generate") == 2 and len(llm.inner.loaded) == 3
+    assert any(name.startswith("language_model.") for name in llm.inner.loaded[-1])   # checkpoint names
+    for name, p in result.policy.state_dict().items():
+        assert torch.equal(llm.inner.model.state_dict()[name], p), name
+    assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from grpo import vision
 from grpo.rollout import Rollout
-from grpo.sampling import completion_lengths, eos_ids, mask_from_lengths
+from grpo.sampling import completion_lengths, eos_ids, mask_from_lengths, vision_prompts
 
 
 class VLLMUnavailable(RuntimeError):
@@ -56,6 +57,11 @@ class VLLMSampler:
             kwargs["max_model_len"] = max_model_len
         self.llm = vllm.LLM(**kwargs)
         self.asleep = False
+        processor = getattr(tokenizer, "grpo_processor", None)      # a vision-language model's
+        placeholder = getattr(processor, "image_token_id", None)
+        if placeholder is None and getattr(processor, "image_token", None):
+            placeholder = tokenizer.convert_tokens_to_ids(processor.image_token)
+        self.placeholders = [placeholder] if isinstance(placeholder, int) else []
 
     # -- the engine's life around the update ---------------------------------------------------
     def sleep(self) -> None:
@@ -76,7 +82,10 @@ class VLLMSampler:
         if merged:
             policy.merge_adapter()
         try:
-            state = policy.get_base_model().state_dict() if merged else policy.state_dict()
+            model = policy.get_base_model() if merged else policy
+            state = model.state_dict()
+            if vision.is_vision_model(model):   # the names its checkpoint has, which vLLM reads
+                state = checkpoint_names(model, state)
             prefix = "base_layer."
             weights = [(name.replace(prefix, ""), tensor.detach()) for name, tensor in state.items()
                        if "lora_" not in name]
@@ -103,13 +112,23 @@ class VLLMSampler:
                 limits=a.limits,
                 temperature=1.0 if greedy else self.temperature,
                 top_p=1.0 if greedy else self.top_p)
+        extra = {}
+        requests, encoded = prompts, None
+        if rows is not None and any(r.get("images") for r in rows):
+            # vLLM's multimodal input: the prompt text and its PIL images; the engine expands the
+            # placeholders with the same processor, and the rollout's prompt ids are the processor's
+            encoded = vision_prompts(tok, prompts, rows)
+            requests = [{"prompt": p, "multi_modal_data": {"image": [vision.load_image(x) for x in r["images"]]}}
+                        if r.get("images") else p for p, r in zip(prompts, rows)]
+            # placeholders are never drawn (vision.placeholder_ids); vLLM caps a bias at -100
+            extra["logit_bias"] = {i: -100.0 for i in self.placeholders}
         params = self.vllm.SamplingParams(
             n=group_size, temperature=0.0 if greedy else self.temperature,
             top_p=1.0 if greedy else self.top_p, max_tokens=self.max_new_tokens, logprobs=0,
-            skip_special_tokens=True)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            skip_special_tokens=True, **extra)
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         r = rollout_from_outputs(prompts, outputs, group_size, tok, self.max_new_tokens,
-                                 1.0 if greedy else self.temperature)
+                                 1.0 if greedy else self.temperature, encoded=encoded)
         r.top_p = 1.0 if greedy else self.top_p
         return r
 
@@ -135,6 +154,16 @@ class VLLMSampler:
         return turns
 
 
+def checkpoint_names(model, state: dict) -> dict:
+    """A state dict under the names save_pretrained writes (transformers 5 renames some models'
+    weights, LLaVA's and Qwen-VL's among them, between its modules and their checkpoints)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return state
+    return revert_weight_conversion(model, dict(state))
+
+
 def engine_model(llm):
     """The torch module inside a colocated engine (its place differs between vLLM versions)."""
     executor = llm.llm_engine.model_executor
@@ -144,11 +173,16 @@ def engine_model(llm):
 
 
 def rollout_from_outputs(prompts: list[str], outputs, group_size: int, tok, max_new_tokens: int,
-                         temperature: float) -> Rollout:
-    """vLLM's RequestOutputs -> a Rollout with the same masks and padding the HF sampler makes."""
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)
-    prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)
+                         temperature: float, encoded=None) -> Rollout:
+    """vLLM's RequestOutputs -> a Rollout with the same masks and padding the HF sampler makes.
+    `encoded` (ids, mask, vision.Visual per prompt; sampling.vision_prompts) for prompts with images."""
+    if encoded is None:
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids, mask, visuals = enc.input_ids, enc.attention_mask, None
+    else:
+        ids, mask, visuals = encoded
+    prompt_ids = ids.repeat_interleave(group_size, dim=0)
+    prompt_mask = mask.repeat_interleave(group_size, dim=0)
     completions = [c for out in outputs for c in out.outputs]
     if len(completions) != len(prompts) * group_size:
         raise RuntimeError(f"vLLM returned {len(completions)} completions for {len(prompts)} prompts "
@@ -172,4 +206,5 @@ def rollout_from_outputs(prompts: list[str], outputs, group_size: int, tok, max_
         completion_ids=completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id),
         completion_mask=completion_mask,
         sampler_logprobs=sampler_logprobs.masked_fill(completion_mask == 0, 0.0),
-        truncated=truncated, temperature=temperature)
+        truncated=truncated, temperature=temperature,
+        visuals=None if visuals is None else [v for v in visuals for _ in range(group_size)])

@@ -241,15 +241,19 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
     from transformers import DynamicCache
 
     P = input_ids.shape[1] - T
-    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
-                                      dim=0, return_inverse=True)
+    # a prompt is its tokens and its images: the same text with another picture is another prompt
+    pictures: dict[tuple, int] = {}
+    picture_of = torch.tensor([pictures.setdefault(tuple(map(id, parts_of(v))), len(pictures))
+                               for v in visuals], device=input_ids.device)
+    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P],
+                                                 picture_of[:, None]], 1), dim=0, return_inverse=True)
     completion_attention = attention_mask[:, P:]
     right_padded = bool((completion_attention[:, 1:] <= completion_attention[:, :-1]).all())
     if (len(prompts) == len(input_ids) or not right_padded or T < 1 or _checkpointing(model)
             or any(isinstance(v, (tuple, list)) for v in visuals)):   # images after the prompt
         return None
     first = [int((prompt_of == u).nonzero()[0]) for u in range(len(prompts))]
-    inputs = forward_inputs(model, prompts[:, :P], prompts[:, P:], [visuals[i] for i in first])
+    inputs = forward_inputs(model, prompts[:, :P], prompts[:, P:2 * P], [visuals[i] for i in first])
     positions = prompt_positions(model, inputs)                  # [U, P] or [3, U, P]
     inputs["position_ids"] = positions
     cache = DynamicCache(config=_inner(model).config)
