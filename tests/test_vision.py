@@ -399,3 +399,49 @@ def test_a_tool_that_returns_a_picture_answers_with_image_tokens():
     assert ids.count(image_token) == 16 and len(visuals) == 1 and visuals[0].images == 1
     text = tok.decode(ids, skip_special_tokens=True)
     assert "chart:" in text and "\u2063" not in text
+
+
+def test_an_observation_with_images_is_never_cut_through():
+    from grpo.episodes import Episode, EpisodeLimits, _add_answer, answer_ids
+    model, tok = _tiny_vlm()
+    ids, visuals = answer_ids(tok, ["see", Image.new("RGB", (32, 32), (9, 9, 9))])
+    assert len(ids) == 3 + 16
+    roomy = Episode(row={}, env=None, tools={})
+    assert _add_answer(roomy, ids, EpisodeLimits(observation_tokens=64, episode_tokens=64), visuals) == ids
+    assert roomy.visuals == visuals and not roomy.truncated
+    tight = Episode(row={}, env=None, tools={})
+    assert _add_answer(tight, ids, EpisodeLimits(observation_tokens=10, episode_tokens=64), visuals) == []
+    assert tight.ids == [] and tight.visuals == [] and tight.truncated and tight.done
+    text_only = Episode(row={}, env=None, tools={})         # text is cut as before
+    assert len(_add_answer(text_only, list(range(30)), EpisodeLimits(observation_tokens=10))) == 10
+
+
+def test_a_processor_that_needs_a_missing_package_names_it_and_the_guide(tmp_path, monkeypatch):
+    import transformers
+    from grpo.models import ModelError, load_processor
+    from grpo.vision.tiny import build_tiny_vlm
+    path = build_tiny_vlm(tmp_path / "m", hidden_size=32, layers=1, vision_hidden=32, vision_layers=1)
+
+    def missing(*args, **kwargs):
+        raise ImportError("Qwen2VLVideoProcessor requires the Torchvision library but it was not found")
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", missing)
+    with pytest.raises(ModelError, match=r"needs a package that is missing: .*Torchvision.*docs/guides/vision\.md"):
+        load_processor(str(path))
+
+
+def test_the_report_shows_each_prompts_images_as_thumbnails_and_final_loads_with_its_processor(tmp_path):
+    from grpo.models import load_policy, load_tokenizer
+    from grpo.report import write_report
+    from grpo.train import train
+    run = tmp_path / "run"
+    train(load_config(overrides=["task=shapes", "steps=2", "sft_steps=2", "eval_every=0",
+                                 "prompts_per_step=4", "group_size=4", f"output_dir={run}"]),
+          log=lambda _: None)
+    records = [json.loads(line) for line in open(run / "samples.jsonl")]
+    step_one = [r for r in records if r["step"] == 1]
+    assert len(step_one) == 16 and all(len(r["images"]) == 1 for r in step_one)
+    assert step_one[0]["images"][0].startswith("data:image/png;base64,")
+    html = write_report(run).read_text()
+    assert html.count("data:image/png;base64,") >= 32 and "img.thumb" in html
+    tokenizer = load_tokenizer(str(run / "final"))
+    assert tokenizer.grpo_processor is not None and vision.is_vision_model(load_policy(str(run / "final")))

@@ -150,6 +150,10 @@ def save_model_dir(model, tokenizer, target: str | Path, state_dict: dict | None
 
 
 def write_model_files(directory: Path, model, tokenizer, state_dict: dict | None = None) -> None:
-    """The model's config and safetensors weights (or a peft adapter) and the tokenizer's files."""
+    """The model's config and safetensors weights (or a peft adapter) and the tokenizer's files
+    (a vision-language model's processor's too, so the directory loads as it was trained)."""
     model.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(directory)
+    processor = getattr(tokenizer, "grpo_processor", None)   # a vision-language model's
+    if processor is not None:
+        processor.save_pretrained(directory)

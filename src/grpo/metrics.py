@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from grpo import distributed
+from grpo import distributed, vision
 from grpo.advantages import zero_std_fraction
 from grpo.rewards import faults
 from grpo.rollout import Rollout
@@ -104,6 +104,9 @@ def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
         episodes={k: [v for p in parts for v in p["episodes"][k]] for k in parts[0]["episodes"]})
 
 
+THUMBNAILED_PER_STEP = 16   # = report.SAMPLES_PER_STEP: the records the completion browser shows
+
+
 def sample_records(rollout, step: int) -> list[dict]:
     """samples.jsonl: one record per completion; an episode's also say where its turns end (as
     character offsets into the completion) and how many tool calls it made."""
@@ -116,6 +119,10 @@ def sample_records(rollout, step: int) -> list[dict]:
                for p, comp, g, r, a in zip(rollout.prompts, rollout.completions,
                                            rollout.group_ids.tolist(), rollout.rewards.tolist(),
                                            advantages.tolist())]
+    pictures = rollout.columns.get("images")
+    if pictures:        # the prompts' images, as thumbnails, for the rows the report's browser keeps
+        for record, sources in zip(records[:THUMBNAILED_PER_STEP], pictures):
+            record["images"] = [vision.thumbnail(s) for s in sources or []]
     if rollout.episodes:
         for i, record in enumerate(records):
             record["turns"] = rollout.episodes["turns"][i]

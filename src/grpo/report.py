@@ -222,7 +222,7 @@ def _browser_samples(samples: list[dict]) -> list[dict]:
         if s["step"] in keep and count.get(s["step"], 0) < SAMPLES_PER_STEP:
             count[s["step"]] = count.get(s["step"], 0) + 1
             out.append({k: s.get(k) for k in ("step", "group", "prompt", "completion", "reward",
-                                               "advantage", "spans")})
+                                               "advantage", "spans", "images")})
     return out
 
 
@@ -251,7 +251,10 @@ function show() {
     const tr = document.createElement('tr');
     for (const [i, v] of [s.group, s.prompt, s.completion, s.reward === null ? 'unscorable' : s.reward.toFixed(3), s.advantage.toFixed(3)].entries()) {
       const td = document.createElement('td');
-      if (i === 2 && s.spans && s.spans.length) {   // an episode: the environment's text marked
+      if (i === 1 && s.images && s.images.length) {  // the prompt's images as thumbnails
+        for (const src of s.images) { const img = document.createElement('img'); img.src = src; img.className = 'thumb'; td.appendChild(img); }
+        td.appendChild(document.createTextNode(v));
+      } else if (i === 2 && s.spans && s.spans.length) {   // an episode: the environment's text marked
         for (const [start, end, who] of s.spans) {
           const span = document.createElement('span');
           span.textContent = s.completion.slice(start, end);
@@ -311,6 +314,7 @@ body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 img.plot {{ width: 640px; max-width: 100%; border: 1px solid #ddd; }}
 figcaption {{ width: 640px; font-size: 12px; color: #555; }}
 span.env {{ background: #e8f0ff; color: #2a4a8a; }}
+img.thumb {{ width: 48px; height: 48px; image-rendering: pixelated; margin-right: 4px; vertical-align: middle; border: 1px solid #ccc; }}
 table {{ border-collapse: collapse; font-size: 13px; }} td, th {{ border: 1px solid #ddd; padding: 3px 6px;
 vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
 </style></head><body>

@@ -80,3 +80,14 @@ def load_image(source, where: str = "image"):
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ImageError(f"{where}: cannot read {name} as an image ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def thumbnail(source, side: int = 48) -> str:
+    """A small PNG of an image as a data URI (the report's completion browser shows it)."""
+    import base64
+
+    image = load_image(source).copy()
+    image.thumbnail((side, side))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
