@@ -2,9 +2,11 @@
 once per completion, and TRL's GRPOTrainer, on the same tiny vision-language model, side by side.
 
     python benchmarks/vision_step.py --trl-python /path/to/trl-venv/bin/python [--steps 6] [--repeats 2]
+    python benchmarks/vision_step.py --trl-python ... --image-size 448 --out benchmarks/results/vision_step_448
 
 The model is a LLaVA-architecture VLM with random weights (grpo.vision.tiny), sized so the image
-encoder matters: 224x224 images in 16-pixel patches (196 image tokens each), a CLIP tower of
+encoder matters: 224x224 images in 16-pixel patches (196 image tokens each; `--image-size 448`
+gives 784), a CLIP tower of
 hidden 256 and 6 layers (frozen, as grpo's default, and frozen in TRL's run too), a Llama language
 model of hidden 256 and 4 layers. Every run: 2 prompts x 8 completions of up to 16 new tokens,
 beta 0.04, mu 1, lr 5e-4, temperature 1, one process, the machine's threads. The prompts are the
@@ -33,17 +35,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def make_inputs(work: Path, rows: int = 64) -> tuple[Path, Path]:
+def make_inputs(work: Path, rows: int = 64, size: int = 224) -> tuple[Path, Path]:
     from grpo.tasks.shapes import ShapesTask
     from grpo.vision.tiny import build_tiny_vlm
 
     model = build_tiny_vlm(work / "model", hidden_size=256, layers=4, vision_hidden=256,
-                           vision_layers=6, image_size=224, patch_size=16)
+                           vision_layers=6, image_size=size, patch_size=16)
     (work / "images").mkdir(exist_ok=True)
     lines = []
     for i, row in enumerate(ShapesTask().train_rows(0)[:rows]):
         path = work / "images" / f"{i}.png"
-        row["images"][0].resize((224, 224)).save(path)
+        row["images"][0].resize((size, size)).save(path)
         lines.append(json.dumps({"question": row["prompt"], "text": row["prompt"],
                                  "answer": row["answer"], "image": str(path)}))
     data = work / "rows.jsonl"
@@ -97,6 +99,7 @@ def main() -> None:
     ap.add_argument("--trl-python", default="")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--image-size", type=int, default=224, help="pixels a side; (size/16)^2 image tokens")
     ap.add_argument("--out", default=str(HERE / "results" / "vision_step"))
     ap.add_argument("--child", default="")
     ap.add_argument("--model", default="")
@@ -108,7 +111,7 @@ def main() -> None:
     sides = ["grpo", "per_completion"] + (["trl"] if args.trl_python else [])
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory() as work:
-        model, data = make_inputs(Path(work))
+        model, data = make_inputs(Path(work), size=args.image_size)
         for repeat in range(args.repeats):
             for name in (sides if repeat % 2 == 0 else sides[::-1]):
                 runs[name].append(side(name, args, model, data))
