@@ -155,3 +155,28 @@ def test_two_processes_equal_one_on_a_multi_turn_task(agent_model_dir, tmp_path)
     # 1.5e-6; a wrong mask or a lost episode would move most entries by up to 3e-3 (lr x 3 steps).
     assert diff.max().item() < 2e-5
     assert (diff > 1e-6).sum().item() <= diff.numel() // 1000
+
+
+def test_a_vision_language_model_in_two_processes_with_ddp_and_fsdp_equals_one(tmp_path):
+    """Image prompts: one process with the whole batch, two under DDP and two under FSDP2 (the
+    projector its own unit, the frozen tower gathered with the root before the features)."""
+    import random
+    from grpo.tasks.shapes import draw
+    from grpo.vision.tiny import build_tiny_vlm
+    model_dir = build_tiny_vlm(tmp_path / "vlm", hidden_size=64, layers=2, vision_hidden=32, vision_layers=1)
+    (tmp_path / "pics").mkdir()
+    lines = []
+    for i in range(16):
+        draw(1 + i % 4, random.Random(i)).save(tmp_path / "pics" / f"{i}.png")
+        lines.append(json.dumps({"question": "how many shapes?", "answer": str(1 + i % 4), "image": f"pics/{i}.png"}))
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "shaped.py").write_text(REWARD)
+    args = [f"model={model_dir}", f"dataset={tmp_path / 'd.jsonl'}", "rewards=[shaped:distinct]",
+            *[a for a in ARGS if not a.startswith("task=")]]
+    run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run([*torchrun(2), *args, f"output_dir={tmp_path / 'ddp'}"], tmp_path)
+    run([*torchrun(2), *args, "parallel=fsdp", f"output_dir={tmp_path / 'fsdp'}"], tmp_path)
+    for two in ("ddp", "fsdp"):
+        p1, p2 = compare_runs(tmp_path / "one", tmp_path / two, model_dir)
+        for k in p1:
+            torch.testing.assert_close(p1[k], p2[k], rtol=0, atol=1e-5, msg=(two, k))

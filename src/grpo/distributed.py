@@ -140,8 +140,17 @@ def shard(model, world: World, bf16_compute: bool = False):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if bf16_compute else MixedPrecisionPolicy()
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for layer in getattr(getattr(inner, inner.base_model_prefix), "layers", []):
+    backbone = getattr(inner, inner.base_model_prefix)
+    language = getattr(backbone, "language_model", backbone)     # a vision-language model's
+    for layer in getattr(language, "layers", []):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
+    # A vision-language model's features are computed before the root's forward, once per prompt
+    # (vision.encoder_outputs): the projector, which trains, is a unit of its own, so that the
+    # backward gathers it again; the frozen tower stays in the root's unit, gathered first.
+    for name in ("multi_modal_projector", "connector"):
+        part = getattr(backbone, name, None)
+        if isinstance(part, torch.nn.Module):
+            fully_shard(part, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 

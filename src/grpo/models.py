@@ -229,11 +229,11 @@ def load_policy(name_or_path: str, dtype: str = "float32"):
     return model
 
 
-def frozen_copy(model):
+def frozen_copy(model, share_tower: bool = True):
     """The reference model: a copy of the policy that takes no gradients. A frozen image encoder
-    is shared, not copied: the two models' image features are the same."""
+    is shared, not copied (unless `share_tower` is False): the two models' features are the same."""
     tower = vision.tower_of(model)
-    shared = tower is not None and not any(p.requires_grad for p in tower.parameters())
+    shared = share_tower and tower is not None and not any(p.requires_grad for p in tower.parameters())
     ref = copy.deepcopy(model, {id(tower): tower} if shared else None)
     ref.eval()
     ref.requires_grad_(False)

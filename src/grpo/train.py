@@ -309,10 +309,13 @@ def make_learner(c: TrainConfig, policy, tokenizer, world: distributed.World = d
     """The reference (none when beta = 0), the sampler, AdamW and its schedule; with
     `parallel=fsdp` on several processes, policy and reference sharded first."""
     # With LoRA the reference is the base model: the policy with its adapter switched off.
-    ref = frozen_copy(policy) if c.loss.beta > 0 and not c.model.lora_r else None
+    # A frozen image encoder is shared with the reference, except under FSDP2, which shards each
+    # model's parameters on its own (a module cannot belong to two sharded models).
+    sharding = c.run.parallel == "fsdp" and distributed.initialized()
+    ref = frozen_copy(policy, share_tower=not sharding) if c.loss.beta > 0 and not c.model.lora_r else None
     if ref is not None and ref_state is not None:   # a resumed run's reference
         ref.load_state_dict(ref_state, strict=False)
-    if c.run.parallel == "fsdp" and distributed.initialized():   # under torchrun, any size
+    if sharding:                                                 # under torchrun, any size
         bf16 = c.optim.mixed_precision == "bf16"
         policy = distributed.shard(policy, world, bf16)
         ref = distributed.shard(ref, world, bf16) if ref is not None else None

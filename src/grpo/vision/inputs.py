@@ -130,6 +130,10 @@ def encoder_outputs(model, visuals: list):
         return None
     device = next(_inner(model).parameters()).device
     batch = {k: _stack([v.pixels[k] for v in unique]).to(device) for k in unique[0].pixels}
+    if callable(getattr(model, "unshard", None)):   # FSDP2: the encoder runs before the root's
+        state = model._get_fsdp_state()              # forward, which would set FSDP up as root
+        state._lazy_init()                           # and gather its weights: do both first
+        model.unshard()
     out = _inner(model).get_image_features(**batch, return_dict=True)
     counts = [v.images for v in unique]
     in_order = [v for row in visuals for v in parts_of(row)]          # as their tokens come
