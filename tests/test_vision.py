@@ -445,3 +445,17 @@ def test_the_report_shows_each_prompts_images_as_thumbnails_and_final_loads_with
     assert html.count("data:image/png;base64,") >= 32 and "img.thumb" in html
     tokenizer = load_tokenizer(str(run / "final"))
     assert tokenizer.grpo_processor is not None and vision.is_vision_model(load_policy(str(run / "final")))
+
+
+def test_image_prompts_through_the_asynchronous_pipeline(tmp_path):
+    # A rollout worker (a fork) samples the image prompts with the lagged weights; its parts,
+    # Visuals included, cross the transport, and the trainer's passes share each prompt's features.
+    from grpo.train import train
+    path = _picture_rows(tmp_path, n=16)
+    result = train(load_config(overrides=[
+        "model=tiny-vlm", f"dataset={path}", "rewards=[exact_answer]", "sft_steps=10", "steps=3",
+        "group_size=4", "prompts_per_step=4", "max_new_tokens=3", "eval_every=0", "save_every=0",
+        "async_steps=1", "rollout_workers=1", f"output_dir={tmp_path / 'run'}"]), log=lambda _: None)
+    steps = [m for m in result.history if "pipeline/staleness_max" in m]
+    assert [m["pipeline/staleness_max"] for m in steps] == [0.0, 1.0, 1.0]   # step 1: version 0
+    assert all(m["tokens/prompt"] > 16 * 16 for m in steps)     # 16 rows, each with 16 image tokens

@@ -287,6 +287,11 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
             f"number of rollout workers ({shares}: rollout_workers={c.pipeline.rollout_workers} per "
             f"trainer process x {world.size}): each worker samples whole groups")
+    if c.model.train_vision and c.run.parallel == "fsdp" and distributed.initialized():
+        raise build.ConfigError("config key 'train_vision': a trained vision tower with parallel=fsdp is "
+                                "not supported yet (the tower runs once per prompt, before the sharded "
+                                "forward, and is gathered only for it); use parallel=ddp, or keep the "
+                                "tower frozen")
     if c.pipeline.async_steps and c.run.parallel == "fsdp" and distributed.initialized():
         raise build.ConfigError("config key 'parallel': fsdp with async_steps is not supported yet (a "
                                 "rollout worker needs whole weights); use parallel=ddp")
