@@ -2,6 +2,7 @@
 computed once per group, placeholders never drawn, and the clear errors of bad image data."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -459,3 +460,18 @@ def test_image_prompts_through_the_asynchronous_pipeline(tmp_path):
     steps = [m for m in result.history if "pipeline/staleness_max" in m]
     assert [m["pipeline/staleness_max"] for m in steps] == [0.0, 1.0, 1.0]   # step 1: version 0
     assert all(m["tokens/prompt"] > 16 * 16 for m in steps)     # 16 rows, each with 16 image tokens
+
+
+@pytest.mark.parametrize("extra", [[f"algorithm={name}"] for name in
+                                   ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo")]
+                         + [["mixed_precision=bf16", "gradient_checkpointing=true"], ["lora_r=4"]])
+def test_every_preset_and_precision_trains_on_image_prompts(tmp_path, extra):
+    from grpo.train import train
+    path = _picture_rows(tmp_path, n=8)
+    result = train(load_config(overrides=[
+        "model=tiny-vlm", f"dataset={path}", "rewards=[exact_answer]", "sft_steps=4", "steps=2",
+        "group_size=4", "prompts_per_step=2", "max_new_tokens=3", "eval_every=0", "save_every=0",
+        f"output_dir={tmp_path / 'run'}", *extra]), log=lambda _: None)
+    steps = [m for m in result.history if "kl" in m]
+    assert len(steps) == 2 and all(m["tokens/prompt"] > 0 for m in steps)
+    assert all(math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) for m in steps)
