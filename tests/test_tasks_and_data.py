@@ -12,10 +12,13 @@ from grpo.tasks import TASKS, get_task
 def test_task_splits_are_disjoint_and_fixed(name):
     task = get_task(name)
     train, held = task.train_rows(seed=0), task.eval_rows()
-    assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
-    assert [r["prompt"] for r in task.eval_rows()] == [r["prompt"] for r in held]
+
+    def what(r):     # a row's content: its prompt, and for a task of pictures, the picture's
+        return r["prompt"] + r.get("picture", "")
+    assert {what(r) for r in train}.isdisjoint({what(r) for r in held})
+    assert [what(r) for r in task.eval_rows()] == [what(r) for r in held]
     # another seed reorders the same training split
-    assert sorted(r["prompt"] for r in task.train_rows(seed=1)) == sorted(r["prompt"] for r in train)
+    assert sorted(what(r) for r in task.train_rows(seed=1)) == sorted(what(r) for r in train)
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))

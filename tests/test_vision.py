@@ -475,3 +475,25 @@ def test_every_preset_and_precision_trains_on_image_prompts(tmp_path, extra):
     steps = [m for m in result.history if "kl" in m]
     assert len(steps) == 2 and all(m["tokens/prompt"] > 0 for m in steps)
     assert all(math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) for m in steps)
+
+
+def test_a_parquet_in_geometry3ks_layout_loads_its_list_of_images(tmp_path):
+    # hiyouga/geometry3k's published layout: problem, answer, images (a list of datasets' Image
+    # feature, stored as {"bytes", "path"}); the prompt's <image> is written by the chat template.
+    import io
+    from datasets import Dataset, Features, Image as ImageFeature, Sequence, Value
+    pictures = [Image.new("RGB", (10, 10), (200, 0, 0)), Image.new("RGB", (12, 8), (0, 0, 200))]
+    table = Dataset.from_dict(
+        {"problem": ["Find x.", "Find the area."], "answer": ["3", "12"],
+         "images": [[pictures[0]], [pictures[0], pictures[1]]]},
+        features=Features({"problem": Value("string"), "answer": Value("string"),
+                           "images": Sequence(ImageFeature())}))
+    table.to_parquet(str(tmp_path / "train.parquet"))
+    rows = load_rows(str(tmp_path / "train.parquet"), Columns(prompt="problem"))
+    assert [len(r["images"]) for r in rows] == [1, 2] and rows[1]["prompt"] == "Find the area."
+    assert vision.load_image(rows[1]["images"][1]).size == (12, 8)
+    assert vision.load_image(rows[1]["images"][1]).getpixel((0, 0)) == (0, 0, 200)
+    _, processor = build("qwen2_5_vl")
+    text = format_prompt(processor.tokenizer, rows[1]["prompt"], "auto", images=2)
+    ids, _, (visual,) = vision.encode(processor, [text], [[vision.load_image(s) for s in rows[1]["images"]]])
+    assert visual.images == 2 and int((ids == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum()) > 2
