@@ -6,6 +6,7 @@ processes, after a SIGKILL and resume, and with a worker killed mid-run."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,7 +123,11 @@ def test_a_killed_rollout_worker_is_replaced_and_the_run_is_unchanged(tiny_model
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "killed"),
                       "async_steps": 1})
     killed = train(c, reward_fns=[varied], log=lines.append)
-    assert any("rollout worker 0 died" in line and "step 2 is sampled again from version 0" in line
+    # The worker dies as it starts step 3; its scoring thread may or may not have sent step 2's
+    # groups by then, so the trainer finds the death at step 2 or at step 3, and that step is
+    # sampled again from its own version (t - 2) with the same draws: the run is the same either way.
+    assert any("rollout worker 0 died" in line and re.search(
+        r"step (2 is sampled again from version 0|3 is sampled again from version 1)", line)
                for line in lines), "\n".join(lines)
     assert killed.history[-1]["pipeline/worker_restarts"] == 1
     strip = lambda h: [{k: v for k, v in r.items() if k != "pipeline/worker_restarts"} for r in exact(h)]

@@ -151,9 +151,9 @@ def test_cold_start_from_prompt_completion_pairs(tmp_path):
                       "output_dir": str(tmp_path)})
     from grpo.build import load_data
     data = load_data(c, check_golds_now=False)   # a cold-start file: no gold answers
-    # (prompt, context after it that is not imitated, completion)
-    assert sorted(data.demonstrations) == [("say a:", "", "aaa"), ("say b:", "", "bbb"),
-                                           ("say c:", "", "ccc"), ("say d:", "", "ddd")]
+    # (the row, context after its prompt that is not imitated, completion)
+    assert sorted((row["prompt"], context, target) for row, context, target in data.demonstrations) == [
+        ("say a:", "", "aaa"), ("say b:", "", "bbb"), ("say c:", "", "ccc"), ("say d:", "", "ddd")]
     path = build_tiny(tmp_path / "m", hidden_size=32, layers=2, heads=2)
     policy, tok = load_policy(str(path)), load_tokenizer(str(path))
     cold_start(c, policy, tok, data, log=lambda s: None)
