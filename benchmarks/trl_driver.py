@@ -56,6 +56,23 @@ def force_lengths(model, tokenizer, lengths: list[int]) -> None:
     model.generate = generate
 
 
+def step_timer(steps: int):
+    """A TrainerCallback that times each optimizer step (TRL's own logs time whole intervals)."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times, self.started = [], 0.0
+
+        def on_step_begin(self, *a, **k):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.started)
+            print(f"trl step {len(self.times)}/{steps} {self.times[-1]:.2f}s", file=sys.stderr)
+    return StepTimer()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -80,7 +97,7 @@ def main() -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     if args.threads:
@@ -93,20 +110,9 @@ def main() -> None:
     def exact_answer(completions, answer, **_):
         return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer)]
 
-    class StepTimer(TrainerCallback):
-        def __init__(self):
-            self.times, self.started = [], 0.0
-
-        def on_step_begin(self, *a, **k):
-            self.started = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            self.times.append(time.perf_counter() - self.started)
-            print(f"trl step {len(self.times)}/{args.steps} {self.times[-1]:.2f}s", file=sys.stderr)
-
     if args.lengths:
         force_lengths(model, tokenizer, [int(x) for x in args.lengths.split(",")])
-    timer = StepTimer()
+    timer = step_timer(args.steps)
     rows = args.prompts_per_step * args.group_size
     micro = args.micro_batch or rows
     if rows % micro:

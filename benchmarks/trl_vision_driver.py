@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from trl_driver import peak_rss_kb
+from trl_driver import peak_rss_kb, step_timer
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     import torch
     from datasets import Dataset
     from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+    from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
     if args.threads:
@@ -49,18 +49,7 @@ def main() -> None:
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         return [1.0 if t.strip() == a.strip() else 0.0 for t, a in zip(texts, answer)]
 
-    class StepTimer(TrainerCallback):
-        def __init__(self):
-            self.times, self.started = [], 0.0
-
-        def on_step_begin(self, *a, **k):
-            self.started = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            self.times.append(time.perf_counter() - self.started)
-            print(f"trl step {len(self.times)}/{args.steps} {self.times[-1]:.2f}s", file=sys.stderr)
-
-    timer = StepTimer()
+    timer = step_timer(args.steps)
     n = args.prompts_per_step * args.group_size
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
