@@ -31,7 +31,7 @@ def surrogate(name, log_ratio, adv, eps_low=0.2, eps_high=0.2, clip_c=3.0):
 
 
 def test_registry_names():
-    assert list(POLICY_LOSSES) == ["clip", "dual_clip", "gspo", "cispo"]
+    assert list(POLICY_LOSSES) == ["clip", "dual_clip", "gspo", "cispo", "sapo", "gmpo"]
     assert list(KL_ESTIMATORS) == ["k1", "k2", "k3"]
     assert list(AGGREGATIONS) == ["sequence_mean", "token_mean", "constant", "sequence_sum"]
 
@@ -387,6 +387,11 @@ def naive_loss_and_grad(loss_type, kl_name, logp, old, ref):
     gspo:      s_i = exp(mean_t (logp - old)); term_it = min(s A, clip(s) A) for every t;
                d (sum_t w_t term_i) / d logp_t = (1/N) * (s A / |o_i| if unclipped else 0)
     cispo:     term = clip(r) A logp with clip(r) a constant; d term = clip(r) A
+    sapo:      term = (4/tau) sigmoid(tau (r - 1)) A, tau = 1.0 for A > 0 else 1.05;
+               d term = 4 sigmoid (1 - sigmoid) r A
+    gmpo:      J_i = A exp(mean_t k_t), k_t = log r_t unless the one-sided log-space clip (eps as a
+               log bound) replaced it; term_it = J_i for every t; d / d logp_t = (1/N) J_i / |o_i|
+               where k_t is log r_t, else 0
     """
     n = len(logp)
     total = 0.0
@@ -398,11 +403,23 @@ def naive_loss_and_grad(loss_type, kl_name, logp, old, ref):
             unclipped, clipped = s * a, clamp(s, 1 - EPS_LOW, 1 + EPS_HIGH) * a
             seq_term = min(unclipped, clipped)
             seq_grad = s * a / L if unclipped <= clipped else 0.0
+        if loss_type == "gmpo":
+            logs = [logp[i][t] - old[i][t] for t in range(L)]
+            free = [not ((a > 0 and x > EPS_HIGH) or (a < 0 and x < -EPS_LOW)) for x in logs]
+            kept = [x if f else (EPS_HIGH if a > 0 else -EPS_LOW) for x, f in zip(logs, free)]
+            seq_term = a * math.exp(sum(kept) / L)
+            gmpo_grads = [seq_term / L if f else 0.0 for f in free]
         row = 0.0
         for t in range(L):
             r = math.exp(logp[i][t] - old[i][t])
             if loss_type == "gspo":
                 term, dterm_total = seq_term, seq_grad  # seq_grad already summed over the row
+            elif loss_type == "gmpo":
+                term, dterm_total = seq_term, gmpo_grads[t]
+            elif loss_type == "sapo":
+                tau = 1.0 if a > 0 else 1.05
+                gate = 1 / (1 + math.exp(-tau * (r - 1)))
+                term, dterm = 4 / tau * gate * a, 4 * gate * (1 - gate) * r * a
             elif loss_type == "cispo":
                 term, dterm_total = clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a * logp[i][t], None
                 dterm = clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a
@@ -413,7 +430,7 @@ def naive_loss_and_grad(loss_type, kl_name, logp, old, ref):
                     term, dterm = CLIP_C * a, 0.0
             kl, dkl = naive_kl(kl_name, logp[i][t], ref[i][t])
             row += term - BETA * kl
-            if loss_type == "gspo":
+            if loss_type in ("gspo", "gmpo"):
                 grad[i][t] = -(dterm_total - BETA * dkl / L) / n
             else:
                 grad[i][t] = -(dterm - BETA * dkl) / L / n
@@ -527,7 +544,10 @@ def test_micro_batching_leaves_loss_and_gradient_unchanged(tiny, mixed_rollout, 
     whole_grads, whole = grads_and_stats(policy, mixed_rollout, 6, **kw)
     scale = max(g.abs().max().item() for g in whole_grads.values())
     assert scale > 1e-3  # the gradient is not trivially zero
-    assert 0 < whole["clip/frac"] < 1  # some tokens clipped, some not
+    if loss_type == "sapo":   # a soft gate, no bound: its own diagnostic instead
+        assert whole["clip/frac"] == 0 and 0 < whole["sapo/gate_neg"] < 1
+    else:
+        assert 0 < whole["clip/frac"] < 1  # some tokens clipped, some not
     for size in (2, 1):
         grads, stats = grads_and_stats(policy, mixed_rollout, size, **kw)
         assert grads.keys() == whole_grads.keys()
@@ -537,7 +557,8 @@ def test_micro_batching_leaves_loss_and_gradient_unchanged(tiny, mixed_rollout, 
         # abs 1e-6 for the loss: CISPO's loss sums w c A logp terms with |logp| ~ 4.6 (about 11 in
         # all under sequence_sum) that cancel to ~0.02, so float32 summation order moves it ~4e-7
         assert stats["loss"] == pytest.approx(whole["loss"], rel=1e-6, abs=1e-6), size
-        for key in ("kl", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy"):
+        for key in ("kl", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy",
+                    *(k for k in whole if k.startswith("sapo/"))):
             assert stats[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-7), (size, key)
 
 
@@ -585,3 +606,68 @@ def test_clip_fractions_from_accumulate_gradients(tiny, loss_type, low, high):
     # token ratios: 5e + 2/e + 3e + 4/e + 1 + 5 e^1.5 = 8e + 6/e + 1 + 5 e^1.5
     #   = 21.7462546 + 2.2072766 + 1 + 22.4084454 = 47.3619766 over 20 tokens = 2.3680988
     assert stats["ratio/mean"] == pytest.approx((8 * E + 6 / E + 1 + 5 * math.exp(1.5)) / 20, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- SAPO and GMPO
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_sapo_gate_value_and_gradient_by_hand_float64():
+    # Three tokens: rho = 1.5 with A = +2 (tau_pos 1), rho = 0.5 with A = -1 (tau_neg 1.05), and
+    # rho = 1 with A = +2, where the gate's slope is exactly 1: the plain policy gradient.
+    from grpo.loss import sapo
+    logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    adv = torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64)
+    sur = sapo(logp, old, adv, torch.ones(1, 3), eps_low=0.2, eps_high=0.2, clip_c=3.0,
+               tau_pos=1.0, tau_neg=1.05)
+    s1, s2 = _sigmoid(0.5), _sigmoid(1.05 * -0.5)
+    expected = [4 * s1 * 2.0, 4 / 1.05 * s2 * -1.0, 4 * 0.5 * 2.0]       # (4/tau) sigma(tau(rho-1)) A
+    assert sur.objective.detach()[0].tolist() == pytest.approx(expected, rel=1e-12)
+    sur.objective.sum().backward()
+    # d/dlogp = (4/tau) sigma' tau * rho * A = 4 sigma (1 - sigma) rho A
+    grads = [4 * s1 * (1 - s1) * 1.5 * 2.0, 4 * s2 * (1 - s2) * 0.5 * -1.0, 2.0]
+    assert logp.grad[0].tolist() == pytest.approx(grads, rel=1e-12)
+    assert not sur.clipped_low.any() and not sur.clipped_high.any()
+    weight, positive = sur.diagnostics["sapo/gate_pos"]
+    assert weight[positive].tolist() == pytest.approx([4 * s1 * (1 - s1), 1.0], rel=1e-12)
+
+
+def test_gmpo_geometric_mean_clipped_in_log_space_by_hand_float64():
+    # A = +1, log-ratios [0.1, 0.6], eps 0.4: the second is clipped to 0.4, J = e^(0.25), and only
+    # the first token has a gradient, J / 2. A = -1, log-ratios [-0.6, 0.2]: the first is clipped
+    # (below -0.4 with A < 0), J = -e^((-0.4 + 0.2) / 2), gradient -e^(-0.1) / 2 on the second.
+    from grpo.loss import gmpo, policy_loss, sequence_mean_weights
+    logp = torch.tensor([[0.1, 0.6], [-0.6, 0.2]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    sur = gmpo(logp, old, adv, torch.ones(2, 2), eps_low=0.4, eps_high=0.4, clip_c=3.0)
+    assert sur.objective.detach()[:, 0].tolist() == pytest.approx([math.exp(0.25), -math.exp(-0.1)], rel=1e-12)
+    assert sur.clipped_high.tolist() == [[False, True], [False, False]]
+    assert sur.clipped_low.tolist() == [[False, False], [True, False]]
+    mask = torch.ones(2, 2)
+    loss, _ = policy_loss(logp, old, None, adv.squeeze(-1), mask, sequence_mean_weights(mask).double(),
+                          loss_type="gmpo", eps_low=0.4, eps_high=0.4)
+    assert loss.item() == pytest.approx(-(math.exp(0.25) - math.exp(-0.1)) / 2, rel=1e-12)
+    loss.backward()
+    # -loss = (J_1 + J_2) / 2 (sequence_mean: each token weighs 1 / (|o| N) and carries its J)
+    expected = [[-math.exp(0.25) / 2 / 2, 0.0], [0.0, math.exp(-0.1) / 2 / 2]]
+    assert logp.grad.tolist()[0] == pytest.approx(expected[0], rel=1e-12, abs=1e-15)
+    assert logp.grad.tolist()[1] == pytest.approx(expected[1], rel=1e-12, abs=1e-15)
+
+
+def test_gmpo_refuses_per_token_advantages():
+    from grpo.loss import gmpo
+    with pytest.raises(ValueError, match="gmpo needs one advantage per completion"):
+        gmpo(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
+             eps_low=0.4, eps_high=0.4, clip_c=3.0)
+
+
+def test_sapo_and_gmpo_presets_set_the_papers_settings():
+    from grpo.config import load_config
+    sapo = load_config(overrides=["algorithm=sapo"]).loss
+    assert (sapo.loss_type, sapo.sapo_tau_pos, sapo.sapo_tau_neg, sapo.beta) == ("sapo", 1.0, 1.05, 0.0)
+    gmpo = load_config(overrides=["algorithm=gmpo"]).loss
+    assert (gmpo.loss_type, gmpo.epsilon, gmpo.epsilon_high, gmpo.aggregation) == ("gmpo", 0.4, 0.4, "sequence_mean")

@@ -211,7 +211,13 @@ class LossConfig:
     """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo."""
     loss_type: str = "clip"
     """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio; GSPO-token with per-token
-    advantages), cispo (IS weight clipped above at 1 + epsilon_high, stop-gradient)."""
+    advantages), cispo (IS weight clipped above at 1 + epsilon_high, stop-gradient), sapo (a soft
+    sigmoid gate in place of the clip; sapo_tau_pos, sapo_tau_neg), gmpo (geometric mean of the
+    token terms; epsilon and epsilon_high are then its clip range in log space)."""
+    sapo_tau_pos: float = 1.0
+    """sapo: the gate's temperature on tokens with a positive advantage (the paper's 1.0)."""
+    sapo_tau_neg: float = 1.05
+    """sapo: the gate's temperature on the others; larger fades their gradient faster (1.05)."""
     aggregation: str = "sequence_mean"
     """Token weighting: sequence_mean (GRPO), token_mean (DAPO), constant (Dr. GRPO), sequence_sum."""
     clip_c: float = 3.0
@@ -647,6 +653,9 @@ def validate(config: TrainConfig) -> None:
                           "kl_in_reward=false) has an expected gradient of exactly 0, so it would "
                           "not regularize at all; set kl_in_reward=true to put k1 in the reward "
                           "(PPO-RLHF, RLOO), or kl_estimator=k2 or kl_estimator=k3 for a loss term")
+    for key in ("sapo_tau_pos", "sapo_tau_neg"):
+        if c[key] <= 0:
+            raise ConfigError(f"config key '{key}' must be above 0 (a gate temperature), got {c[key]}")
     if c["loss_type"] == "dual_clip" and c["clip_c"] <= 1:
         raise ConfigError(f"config key 'clip_c' must be above 1 for dual_clip, got {c['clip_c']}")
     if c["correction"] not in ("none", "is", "tis", "token_mis", "seq_mis", "icepop", "geo_mask"):

@@ -160,7 +160,8 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
         now = logprobs_of(policy, rollout, mb, mb_tokens)
         sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, rollout.advantages.unsqueeze(-1),
                                                mask, eps_low=c.loss.epsilon, eps_high=eps_high,
-                                               clip_c=c.loss.clip_c)
+                                               clip_c=c.loss.clip_c, tau_pos=c.loss.sapo_tau_pos,
+                                               tau_neg=c.loss.sapo_tau_neg)
         kl = (KL_ESTIMATORS[c.loss.kl_estimator](torch.where(mask.bool(), now, rollout.ref_logprobs),
                                                  rollout.ref_logprobs)
               if rollout.ref_logprobs is not None else torch.zeros_like(now))
@@ -168,6 +169,7 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
             policy, rollout, weights=weights, aggregation=c.loss.aggregation, max_tokens=T,
             loss_type=c.loss.loss_type, beta=c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=eps_high, clip_c=c.loss.clip_c, micro_batch_size=mb,
+            tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg,
             micro_batch_tokens=mb_tokens)
         grad_norm, stepped = optimizer_step(policy, learner.optimizer, c.optim.max_grad_norm, stats["loss"])
         iterations.append({"loss": stats["loss"], "grad_norm": grad_norm, "stepped": stepped,

@@ -26,18 +26,21 @@ class Surrogate(NamedTuple):
     objective: torch.Tensor     # [n, T] per-token term to maximize (before KL and weights)
     clipped_low: torch.Tensor   # [n, T] bool: the lower clip bound is what acted on this token
     clipped_high: torch.Tensor  # [n, T] bool: the upper clip bound is what acted on this token
+    # a variant's own diagnostics: name -> ([n, T] value per token, [n, T] bool where it counts);
+    # logged as the mean over the step's counted tokens (update.accumulate_gradients)
+    diagnostics: dict | None = None
 
 
 # ----------------------------------------------------------------------------- policy losses
 
-def token_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+def token_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrogate:
     """PPO/GRPO per-token clipped ratio; `eps_high > eps_low` is DAPO's clip-higher."""
     ratio = torch.exp(logp - old_logp)
     objective = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
     return Surrogate(objective, (ratio < 1 - eps_low) & (adv < 0), (ratio > 1 + eps_high) & (adv > 0))
 
 
-def dual_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+def dual_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrogate:
     """Dual clip (Ye et al. 2020, arXiv:1912.09729): for A < 0 the objective is at least c * A,
     so a huge ratio on a bad token cannot produce an unbounded update. c > 1."""
     base = token_clip(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, clip_c=clip_c)
@@ -47,7 +50,7 @@ def dual_clip(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrog
     return Surrogate(objective, base.clipped_low, base.clipped_high | dual)
 
 
-def gspo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+def gspo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrogate:
     """GSPO (arXiv:2507.18071): one ratio per sequence, s_i = exp(mean_t(logp - old_logp)), clipped
     per sequence; every token of the sequence carries that sequence's term.
 
@@ -68,7 +71,7 @@ def gspo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
     return Surrogate(objective.expand_as(logp), low, high)
 
 
-def cispo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
+def cispo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrogate:
     """CISPO (MiniMax-M1, arXiv:2506.13585): sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * logp.
     The clipped weight is detached, so every token keeps a gradient, however far its ratio went.
     The paper bounds the weight above only: eps_low = 1 (what the config resolves for cispo unless
@@ -78,11 +81,57 @@ def cispo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c) -> Surrogate:
     return Surrogate(weight * adv * logp, ratio < 1 - eps_low, ratio > 1 + eps_high)
 
 
+def sapo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, tau_pos=1.0, tau_neg=1.05, **_) -> Surrogate:
+    """SAPO (Gao et al., arXiv:2511.20347): a soft gate in place of the clip. Each token's term is
+    f(rho) * A with f(rho) = (4 / tau) * sigmoid(tau * (rho - 1)), tau = tau_pos where A > 0 and
+    tau_neg elsewhere (the paper: tau_neg > tau_pos, so negative tokens' gradients fade faster).
+    d f / d rho = 4 sigmoid (1 - sigmoid), which is 1 at rho = 1: on policy it is the plain policy
+    gradient, and it decays smoothly as rho leaves 1, where a clip would cut it to 0. No bound
+    "acts", so the clip fractions are 0; the gate's weight per side is logged (sapo/gate_pos,
+    sapo/gate_neg: the mean of 4 sigmoid (1 - sigmoid) over the side's tokens, 1 on policy)."""
+    ratio = torch.exp(logp - old_logp)
+    positive = adv > 0
+    tau = torch.where(positive, torch.as_tensor(tau_pos, dtype=logp.dtype),
+                      torch.as_tensor(tau_neg, dtype=logp.dtype))
+    gate = torch.sigmoid(tau * (ratio - 1))
+    weight = (4 * gate * (1 - gate)).detach()
+    none = torch.zeros_like(logp, dtype=torch.bool)
+    real = mask.bool()
+    return Surrogate(4 / tau * gate * adv, none, none, {
+        "sapo/gate_pos": (weight, real & positive.expand_as(real)),
+        "sapo/gate_neg": (weight, real & ~positive.expand_as(real))})
+
+
+def gmpo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrogate:
+    """GMPO (Zhao et al., arXiv:2507.20673): the geometric mean of the token terms instead of the
+    arithmetic one, clipped per token in log space before the mean, one-sided by the sign of A:
+        J_i = A_i * exp( mean_t sgn(A_i) * min(sgn(A_i) log rho_t, sgn(A_i) clip(log rho_t, -eps_low, eps_high)) )
+    (for A > 0 the product of min(rho A, clip(rho) A), for A < 0 of its magnitude, each to the power
+    1/|o_i|). epsilon and epsilon_high are in log space here: the paper's range is (e^-0.4, e^0.4).
+    Every token of o_i carries J_i, as gspo's do, so sequence_mean gives the paper's mean over
+    completions. A token whose log-ratio the clip replaced has no gradient (clip/frac_low, _high)."""
+    if adv.shape[-1] > 1 and not bool((adv == adv[:, :1]).all()):
+        raise ValueError("loss_type=gmpo needs one advantage per completion (it takes a geometric "
+                         "mean over the completion's tokens); per-token advantages (turn_rewards) "
+                         "are not defined for it")
+    a = adv[:, :1]                                                    # [n, 1]
+    m = mask.float()
+    sign = torch.where(a < 0, -1.0, 1.0).to(logp.dtype)
+    log_ratio = logp - old_logp
+    bounded = torch.clamp(log_ratio, -eps_low, eps_high)
+    kept = sign * torch.min(sign * log_ratio, sign * bounded)          # [n, T]
+    mean = (kept * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+    objective = (a * torch.exp(mean)).expand_as(logp)
+    return Surrogate(objective, (a < 0) & (log_ratio < -eps_low), (a > 0) & (log_ratio > eps_high))
+
+
 POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
     "clip": token_clip,
     "dual_clip": dual_clip,
     "gspo": gspo,
     "cispo": cispo,
+    "sapo": sapo,
+    "gmpo": gmpo,
 }
 
 # ----------------------------------------------------------------------------- KL estimators
@@ -247,12 +296,15 @@ def policy_loss(
     eps_high: float = 0.2,
     clip_c: float = 3.0,
     is_weights: torch.Tensor | None = None,  # [n, T] truncated importance weights sampler -> trainer
+    tau_pos: float = 1.0,            # sapo's gate temperatures
+    tau_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """-(sum over tokens of weights * (surrogate * is_weights - beta * KL)); and diagnostic sums."""
+    """-(sum over tokens of weights * (surrogate * is_weights - beta * KL)); and diagnostic sums
+    (a variant's own as NAME and NAME#n: the sum over its tokens and how many they are)."""
     m = mask.float()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # every token of o_i gets A_i
     sur = POLICY_LOSSES[loss_type](logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high,
-                                   clip_c=clip_c)
+                                   clip_c=clip_c, tau_pos=tau_pos, tau_neg=tau_neg)
     objective = sur.objective if is_weights is None else sur.objective * is_weights
     kl = None
     if ref_logp is not None:  # padding gets logp = ref, so exp() in k3 cannot overflow there
@@ -268,6 +320,9 @@ def policy_loss(
             "kl": (kl * m).sum() if kl is not None else torch.zeros(()),
             "ratio": (torch.exp(logp - old_logp) * m).sum(),
         }
+        for name, (value, where) in (sur.diagnostics or {}).items():
+            stats[name] = (value * where).sum()
+            stats[name + "#n"] = where.float().sum()
     return loss, stats
 
 

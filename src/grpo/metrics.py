@@ -31,6 +31,8 @@ def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, rewa
     for key in ("kl", "clip/frac", "clip/frac_low", "clip/frac_high", "ratio/mean", "entropy", "loss",
                 "grad_norm"):
         metrics[key] = sum(u[key] for u in updates) / len(updates)
+    for key in sorted({k for u in updates for k in u if "/" in k and k not in metrics}):
+        metrics[key] = sum(u[key] for u in updates) / len(updates)   # a variant's own (sapo/...)
     metrics["completion/len_mean"] = lengths.mean().item()
     metrics["tokens/completion"] = int(lengths.sum())
     metrics["tokens/prompt"] = int(rollout.prompt_mask.sum())

@@ -18,4 +18,8 @@ ALGORITHMS: dict[str, dict] = {
     "rloo": {"advantage": "rloo", "loss_type": "clip", "aggregation": "sequence_sum",
              "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.05, "kl_estimator": "k1",
              "kl_in_reward": True},
+    "sapo": {"advantage": "group_norm", "loss_type": "sapo", "aggregation": "sequence_mean",
+             "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "beta": 0.0},
+    "gmpo": {"advantage": "group_norm", "loss_type": "gmpo", "aggregation": "sequence_mean",
+             "epsilon": 0.4, "epsilon_high": 0.4, "beta": 0.0},
 }

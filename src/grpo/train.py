@@ -483,6 +483,7 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
+            tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg,
             micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens,
             passes=(lambda n: distributed.max_over(n, world)) if sharded else None)
         trained = [p for p in learner.policy.parameters() if p.requires_grad]

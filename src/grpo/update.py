@@ -159,14 +159,16 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         loss.backward()
         totals["loss"] += loss.item()
         for key, value in stats.items():
-            totals[key] += value.item()
+            totals[key] = totals.get(key, 0.0) + value.item()
         totals["entropy"] += (entropy.detach() * part.tokens_in_loss).sum().item()
         del logp, entropy, old, loss, stats, part
         heap.release(device)                      # each pass's shapes differ: see grpo.heap
     if reduce is not None:
         totals = reduce(totals)
     tokens = max(totals.pop("tokens"), 1.0)
-    return {"loss": totals["loss"], "kl": totals["kl"] / tokens,
+    own = {name: totals[name] / totals[name + "#n"] if totals[name + "#n"] else math.nan
+           for name in totals if name + "#n" in totals}          # a variant's own diagnostics
+    return {**own, "loss": totals["loss"], "kl": totals["kl"] / tokens,
             "clip/frac": (totals["clip_low"] + totals["clip_high"]) / tokens,
             "clip/frac_low": totals["clip_low"] / tokens, "clip/frac_high": totals["clip_high"] / tokens,
             "ratio/mean": totals["ratio"] / tokens, "entropy": totals["entropy"] / tokens}
