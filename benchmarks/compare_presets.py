@@ -1,10 +1,13 @@
-"""Held-out accuracy of every preset on the built-in demo task after the same number of steps.
+"""Held-out accuracy and entropy of every preset on the built-in demo task after the same number
+of steps, over several seeds.
 
-    python benchmarks/compare_presets.py [--jobs 2] [key=value ...]
+    python benchmarks/compare_presets.py [--jobs 2] [--seeds 0,1,2] [key=value ...]
 
-Runs `grpo train algorithm=NAME output_dir=runs/presets/NAME threads=1 ...` for each preset
-(the demo's defaults otherwise), two at a time, and prints a Markdown table read from each run's
-metrics.jsonl.
+Runs `grpo train algorithm=NAME seed=S output_dir=runs/presets/NAME-S threads=1 ...` for each
+preset and seed (the demo's defaults otherwise), `--jobs` at a time, and prints a Markdown table
+read from each run's metrics.jsonl: per preset, the held-out accuracy at step 0 and at the last
+step, and the entropy of the last step (the mean next-token entropy over its completion tokens),
+each as the mean over seeds with every seed's value after it.
 """
 
 from __future__ import annotations
@@ -20,42 +23,64 @@ from pathlib import Path
 
 from grpo.config import ALGORITHMS
 
+RUNS = Path("runs/presets")
 
-def run(name: str, extra: list[str]) -> tuple[str, float]:
+
+def run(name: str, seed: int, extra: list[str]) -> tuple[tuple[str, int], float]:
     start = time.perf_counter()
-    out = Path("runs/presets") / name
+    out = RUNS / f"{name}-{seed}"
     shutil.rmtree(out, ignore_errors=True)   # a fresh run each time (train refuses a used directory)
-    cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={name}", f"output_dir={out}",
-           "threads=1", *extra]
+    cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={name}", f"seed={seed}",
+           f"output_dir={out}", "threads=1", *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return name, time.perf_counter() - start
+    return (name, seed), time.perf_counter() - start
 
 
-def table(seconds: dict[str, float]) -> str:
-    lines = ["| preset | eval/accuracy at step 0 | best | at the last step | mean train reward, last 20 steps | steps | wall s |",
-             "|---|---|---|---|---|---|---|"]
+def _cell(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})"
+
+
+def table(seeds: list[int], seconds: dict) -> str:
+    lines = ["| preset | eval/accuracy at step 0 | at the last step | entropy at the last step | "
+             "steps | wall s per run |", "|---|---|---|---|---|---|"]
     for name in ALGORITHMS:
-        path = Path("runs/presets") / name / "metrics.jsonl"
-        metrics = [json.loads(x) for x in path.read_text().splitlines()]
-        evals = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
-        rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m][-20:]
-        wall = f"{seconds[name]:.0f}" if name in seconds else "-"
-        lines.append(f"| {name} | {evals[0]:.3f} | {max(evals):.3f} | {evals[-1]:.3f} | "
-                     f"{sum(rewards) / len(rewards):.3f} | {metrics[-1]['step']} | {wall} |")
+        first, last, entropy, steps = [], [], [], 0
+        for seed in seeds:
+            path = RUNS / f"{name}-{seed}" / "metrics.jsonl"
+            if not path.is_file():
+                continue
+            metrics = [json.loads(x) for x in path.read_text().splitlines()]
+            evals = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
+            train = [m for m in metrics if "entropy" in m]
+            first.append(evals[0])
+            last.append(evals[-1])
+            entropy.append(train[-1]["entropy"])
+            steps = train[-1]["step"]
+        if not first:
+            continue
+        wall = [s for (n, _), s in seconds.items() if n == name]
+        lines.append(f"| {name} | {_cell(first)} | {_cell(last)} | {_cell(entropy)} | {steps} | "
+                     f"{sum(wall) / len(wall):.0f} |" if wall else
+                     f"| {name} | {_cell(first)} | {_cell(last)} | {_cell(entropy)} | {steps} | - |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--presets", default="", help="comma-separated; default every preset")
     parser.add_argument("--table-only", action="store_true", help="only read runs/presets/*")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    seconds: dict[str, float] = {}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = args.presets.split(",") if args.presets else list(ALGORITHMS)
+    seconds: dict = {}
     if not args.table_only:
         with ThreadPoolExecutor(args.jobs) as pool:
-            seconds = dict(pool.map(lambda n: run(n, args.overrides), ALGORITHMS))
-    print(table(seconds))
+            seconds = dict(pool.map(lambda job: run(job[0], job[1], args.overrides),
+                                    [(n, s) for n in names for s in seeds]))
+    print(table(seeds, seconds))
 
 
 if __name__ == "__main__":
