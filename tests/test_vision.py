@@ -497,3 +497,19 @@ def test_a_parquet_in_geometry3ks_layout_loads_its_list_of_images(tmp_path):
     text = format_prompt(processor.tokenizer, rows[1]["prompt"], "auto", images=2)
     ids, _, (visual,) = vision.encode(processor, [text], [[vision.load_image(s) for s in rows[1]["images"]]])
     assert visual.images == 2 and int((ids == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum()) > 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sampling_draws_what_the_training_forward_scores_in_every_family(family):
+    # The sampler prefills each prompt once and decodes with the cache (Qwen: positions from the
+    # multimodal RoPE index, then counted on; Gemma 3: its image blocks); the trainer's forward
+    # scores the same tokens with the log-probs they were drawn with.
+    model, processor = build(family)
+    tok = processor.tokenizer
+    tok.grpo_processor, tok.padding_side = processor, "left"
+    texts, pictures = _prompts(processor)
+    torch.manual_seed(0)
+    rollout = HFSampler(model, tok, max_new_tokens=5).sample(texts, 2, rows=[{"images": p} for p in pictures])
+    logp = logprobs_of(model, rollout, micro_batch_size=64)
+    torch.testing.assert_close(logp, rollout.sampler_logprobs, atol=2e-5, rtol=0)
+    assert rollout.completion_mask.sum() >= len(rollout)
