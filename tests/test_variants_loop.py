@@ -25,6 +25,9 @@ PAPER_SETTINGS = {
     "rloo": {"advantage": "rloo", "kl_in_reward": True, "kl_estimator": "k1"},
     "grpo": {"advantage": "group_norm", "loss_type": "clip", "aggregation": "sequence_mean",
              "beta": 0.04, "kl_estimator": "k3"},
+    "sapo": {"loss_type": "sapo", "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "beta": 0.0},
+    "gmpo": {"loss_type": "gmpo", "epsilon": 0.4, "epsilon_high": 0.4, "beta": 0.0,
+             "aggregation": "sequence_mean"},
 }
 
 
