@@ -334,7 +334,7 @@ def run_quietly(config):
     return train(config, log=lambda line: None)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "gmpo"])
 def test_every_preset_trains_on_episodes(agent_model_dir, tmp_path, algorithm):
     from grpo.presets import ALGORITHMS
     assert algorithm in ALGORITHMS
