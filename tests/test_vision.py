@@ -15,18 +15,12 @@ from grpo.models import frozen_copy, token_logprobs
 from grpo.rollout import Rollout
 from grpo.sampling import HFSampler
 from grpo.update import logprobs_of
-from vlm_families import FAMILIES, build, images, messages
+from vlm_families import one_thread, FAMILIES, build, images, messages  # noqa: F401 (one_thread: an autouse fixture)
 
 # Rows of different prompt lengths (left-padded together); two images in the first.
 ROWS = [("how many?", 2), ("hi", 1), ("what colour is the top left corner?", 1)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _prompts(processor, seed=0):

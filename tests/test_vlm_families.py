@@ -5,7 +5,7 @@ import inspect
 import pytest
 import torch
 
-from vlm_families import FAMILIES, batch, build, images, messages
+from vlm_families import one_thread, FAMILIES, batch, build, images, messages  # noqa: F401 (one_thread: an autouse fixture)
 
 CLASSES = {
     "llava": ("LlavaForConditionalGeneration", "LlavaProcessor"),
@@ -30,13 +30,6 @@ EXTRA_KEYS = {
 ROWS = [("how many?", 2, 0), ("hi", 1, 1), ("what colour is the top left corner?", 1, 2)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Models this small run faster on one thread, and the CPU may be shared (see conftest.py).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def n_feature_tokens(pooler_output) -> int:

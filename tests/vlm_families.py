@@ -28,6 +28,7 @@ import string
 
 import numpy as np
 import PIL.Image
+import pytest
 import torch
 
 FAMILIES = ("llava", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "smolvlm")
@@ -399,3 +400,13 @@ def images(n: int, seed: int = 0) -> list[PIL.Image.Image]:
         h, w = rng.integers(28, 65, size=2)
         out.append(PIL.Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8), "RGB"))
     return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Models this small run faster on one thread (and the CPU may be shared); a test module
+    that imports this fixture gets it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

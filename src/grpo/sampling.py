@@ -128,17 +128,13 @@ def vision_turns(model, tokenizer, histories: list[list[int]], room: list[int], 
         ids[i, width - len(h):], mask[i, width - len(h):] = torch.tensor(h, dtype=torch.long), 1
     cache = _Cache(model, ids.to(device), mask.to(device), max(room), 1, visuals)
     logits = cache.logits
-    banned = torch.tensor(vision.placeholder_ids(model), dtype=torch.long, device=device)
+    banned = placeholders(model, device)
     warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
     eos = set(eos_ids(tokenizer.eos_token_id).tolist())
     tokens, logprobs = [[] for _ in range(n)], [[] for _ in range(n)]
     open_, cut = [True] * n, [False] * n
     for _ in range(max(room)):
-        scores = logits.float().index_fill(-1, banned, vision.BANNED_LOGIT) if len(banned) else logits.float()
-        if not greedy and temperature != 1.0:
-            scores = scores / temperature
-        if warper is not None:
-            scores = warper(None, scores)
+        scores = drawn_from(logits, banned, temperature, warper, greedy)
         chosen, lse = draw(scores, greedy)
         chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1).tolist()
         for i, token in enumerate(chosen.tolist()):
@@ -154,6 +150,23 @@ def vision_turns(model, tokenizer, histories: list[list[int]], room: list[int], 
             break
         logits = cache.step(chosen)
     return [(tokens[i], logprobs[i], cut[i]) for i in range(n)]
+
+
+def placeholders(model, device) -> torch.Tensor | None:
+    """A vision-language model's image placeholder ids, which are never drawn; None for text."""
+    ids = vision.placeholder_ids(model) if vision.is_vision_model(model) else []
+    return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+
+
+def drawn_from(logits: torch.Tensor, banned: torch.Tensor | None, temperature: float, warper,
+               greedy: bool) -> torch.Tensor:
+    """The scores [n, V] a token is drawn from: placeholders out, then temperature and top-p."""
+    scores = logits.float()
+    if banned is not None:
+        scores = scores.index_fill(-1, banned, vision.BANNED_LOGIT)
+    if not greedy and temperature != 1.0:
+        scores = scores / temperature
+    return scores if warper is None else warper(None, scores)
 
 
 PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the running ones has ended
@@ -185,19 +198,12 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens, group_size,
                    visuals)
     logits = cache.logits
-    banned = vision.placeholder_ids(model) if vision.is_vision_model(model) else []
-    banned = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
+    banned = placeholders(model, device)
     ended = torch.zeros(N, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
         steps = t + 1
-        scores = logits.float()
-        if banned is not None:              # image placeholders are never drawn (vision.placeholder_ids)
-            scores = scores.index_fill(-1, banned, vision.BANNED_LOGIT)
-        if not greedy and temperature != 1.0:
-            scores = scores / temperature
-        if top_p_warper is not None:
-            scores = top_p_warper(None, scores)
+        scores = drawn_from(logits, banned, temperature, top_p_warper, greedy)
         u = None if uniforms is None else uniforms[rows, t, None].to(scores.device)
         chosen, lse = draw(scores, greedy, u)
         chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1)
@@ -260,7 +266,7 @@ class _Cache:
         self.attention = prompt_mask
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = DynamicCache(config=model.config)
-        self.with_cache = {_cache_argument(model): self.cache, "use_cache": True}
+        self.with_cache = {vision.cache_argument(model): self.cache, "use_cache": True}
         self.logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                             logits_to_keep=1, **self.with_cache).logits[:, -1]
         self.next_position = positions[:, -1:] + 1
@@ -276,7 +282,7 @@ class _Cache:
         inputs["position_ids"] = positions
         self.mrope = positions.dim() == 3
         self.cache = DynamicCache(config=model.config)
-        self.with_cache = {_cache_argument(model): self.cache, "use_cache": True}
+        self.with_cache = {vision.cache_argument(model): self.cache, "use_cache": True}
         self.logits = model(**inputs, logits_to_keep=1, **self.with_cache).logits[:, -1]
         last = positions.amax(0) if self.mrope else positions                         # [B, P]
         self.next_position = last.amax(-1, keepdim=True) + 1                           # [B, 1]
@@ -305,8 +311,3 @@ class _Cache:
         self.next_position = self.next_position + 1
         return logits
 
-
-def _cache_argument(model) -> str:
-    """Newer transformers name the KV-cache argument `cache`; older ones `past_key_values`."""
-    import inspect
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

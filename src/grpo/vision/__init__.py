@@ -14,10 +14,10 @@ each family's image-token merging, multimodal RoPE (Qwen), bidirectional image a
 """
 
 from grpo.vision.images import ImageError, image_column, load_image, row_images, thumbnail
-from grpo.vision.inputs import (TOWERS, Visual, encode, encoder_outputs, forward_inputs, freeze_tower,
+from grpo.vision.inputs import (TOWERS, Visual, cache_argument, encode, encoder_outputs, forward_inputs, freeze_tower,
                                 image_placeholder, parts_of, placeholder_ids, prompt_positions, shared_prompt_hidden, BANNED_LOGIT,
                                 is_vision_model, tower_of)
 
-__all__ = ["TOWERS", "ImageError", "Visual", "encode", "encoder_outputs", "forward_inputs", "freeze_tower",
+__all__ = ["TOWERS", "ImageError", "Visual", "cache_argument", "encode", "encoder_outputs", "forward_inputs", "freeze_tower",
            "image_placeholder", "parts_of", "placeholder_ids", "prompt_positions", "shared_prompt_hidden", "BANNED_LOGIT",
            "image_column", "is_vision_model", "load_image", "row_images", "thumbnail", "tower_of"]

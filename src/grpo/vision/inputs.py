@@ -166,6 +166,12 @@ def placeholder_ids(model) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int) and i >= 0)
 
 
+def _image_token(config) -> int | None:
+    """The image placeholder's id (LLaVA-style configs name it image_token_index)."""
+    token = getattr(config, "image_token_id", None)
+    return token if token is not None else getattr(config, "image_token_index", None)
+
+
 def _accepts(model, name: str) -> bool:
     return name in inspect.signature(_inner(model).forward).parameters
 
@@ -194,9 +200,7 @@ def forward_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     for key in ("image_grid_thw",):
         if key in rows[0].pixels and _accepts(model, key):
             kwargs[key] = torch.cat([v.pixels[key] for v in rows]).to(input_ids.device)
-    image_token = getattr(_inner(model).config, "image_token_id", None)
-    if image_token is None:
-        image_token = getattr(_inner(model).config, "image_token_index", None)
+    image_token = _image_token(_inner(model).config)
     types = (input_ids == image_token).long() if image_token is not None else None
     for key in ("mm_token_type_ids", "token_type_ids"):
         if types is not None and _accepts(model, key):
@@ -214,14 +218,14 @@ def prompt_positions(model, inputs: dict) -> torch.Tensor:
     inner = getattr(base, "model", base)
     types = inputs.get("mm_token_type_ids")
     if types is None:
-        types = (inputs["input_ids"] == inner.config.image_token_id).long()
+        types = (inputs["input_ids"] == _image_token(inner.config)).long()
     positions, _ = inner.get_rope_index(inputs["input_ids"], mm_token_type_ids=types,
                                         image_grid_thw=inputs.get("image_grid_thw"),
                                         attention_mask=inputs["attention_mask"])
     return positions
 
 
-def _cache_name(module) -> str:
+def cache_argument(module) -> str:
     """Newer transformers name the KV-cache argument `cache`; older ones `past_key_values`."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
@@ -261,7 +265,7 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
     positions = prompt_positions(model, inputs)                  # [U, P] or [3, U, P]
     inputs["position_ids"] = positions
     cache = DynamicCache(config=_inner(model).config)
-    out = backbone(**inputs, **{_cache_name(backbone): cache}, use_cache=True)
+    out = backbone(**inputs, **{cache_argument(backbone): cache}, use_cache=True)
     for layer in cache.layers:     # each prompt's keys and values to its rows, graph and all
         layer.keys, layer.values = share(layer.keys, prompt_of), share(layer.values, prompt_of)
     last = positions.amax(0) if positions.dim() == 3 else positions
@@ -272,7 +276,7 @@ def shared_prompt_hidden(model, backbone, input_ids: torch.Tensor, attention_mas
     for key in ("mm_token_type_ids", "token_type_ids"):
         if key in inputs:
             rest[key] = torch.zeros_like(input_ids[:, P:])
-    completion = backbone(**rest, **{_cache_name(backbone): cache}, use_cache=True).last_hidden_state
+    completion = backbone(**rest, **{cache_argument(backbone): cache}, use_cache=True).last_hidden_state
     return torch.cat([share(out.last_hidden_state[:, -1:], prompt_of), completion[:, :-1]], 1)
 
 
