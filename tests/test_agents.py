@@ -334,7 +334,8 @@ def run_quietly(config):
     return train(config, log=lambda line: None)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "gmpo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "gmpo",
+                                       "clip_cov", "kl_cov", "reinforce_pp", "reinforce_pp_baseline"])
 def test_every_preset_trains_on_episodes(agent_model_dir, tmp_path, algorithm):
     from grpo.presets import ALGORITHMS
     assert algorithm in ALGORITHMS
@@ -345,14 +346,22 @@ def test_every_preset_trains_on_episodes(agent_model_dir, tmp_path, algorithm):
     assert all(torch.isfinite(torch.tensor(m["loss"])) for m in result.history)
 
 
-def test_an_agent_run_resumes_bit_for_bit(agent_model_dir, tmp_path):
+# The covariance methods with shares of the batch large enough to select tokens in a small one
+# (the band is wide open: every covariance qualifies for clip_cov's draw)
+SELECTING = {"clip_cov": dict(clip_cov_fraction=0.2, clip_cov_low=-1e9, clip_cov_high=1e9),
+             "kl_cov": dict(kl_cov_fraction=0.2)}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "clip_cov", "kl_cov", "reinforce_pp"])
+def test_an_agent_run_resumes_bit_for_bit(agent_model_dir, tmp_path, algorithm):
     from safetensors.torch import load_file
-    whole = run_quietly(agent_config(agent_model_dir, tmp_path / "whole", steps=4, save_every=2,
-                                     num_iterations=2))
-    run_quietly(agent_config(agent_model_dir, tmp_path / "cut", steps=2, save_every=2,
-                             num_iterations=2))
+    keys = dict(algorithm=algorithm, num_iterations=2, **SELECTING.get(algorithm, {}))
+    whole = run_quietly(agent_config(agent_model_dir, tmp_path / "whole", steps=4, save_every=2, **keys))
+    run_quietly(agent_config(agent_model_dir, tmp_path / "cut", steps=2, save_every=2, **keys))
     resumed = run_quietly(agent_config(agent_model_dir, tmp_path / "cut", steps=4, save_every=2,
-                                       num_iterations=2, resume="auto"))
+                                       resume="auto", **keys))
+    if algorithm in SELECTING:   # the selection acted, in the steps after the resume too
+        assert all(m["cov/selected_frac"] > 0.15 for m in resumed.history)
     a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     b = load_file(tmp_path / "cut" / "final" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,12 +1,14 @@
-"""The other advantage estimators (Dr. GRPO, batch scale, RLOO) and process supervision, by hand."""
+"""The other advantage estimators (Dr. GRPO, batch scale, RLOO, REINFORCE++ and its baseline
+variant) and process supervision, by hand."""
 
 import math
 
 import pytest
 import torch
 
-from grpo.advantages import (ADVANTAGES, batch_scaled, group_centered, group_normalized,
-                             leave_one_out, process_supervision, zero_std_fraction)
+from grpo.advantages import (ADVANTAGES, batch_scaled, batch_token_normalized, group_centered,
+                             group_normalized, leave_one_out, process_supervision,
+                             reinforce_baseline, reinforce_outcome, token_returns, zero_std_fraction)
 
 NAN = math.nan
 
@@ -89,13 +91,16 @@ def test_leave_one_out_unequal_rewards():
 
 def test_registry_names():
     assert ADVANTAGES == {"group_norm": group_normalized, "group_mean": group_centered,
-                          "batch_norm": batch_scaled, "rloo": leave_one_out}
+                          "batch_norm": batch_scaled, "rloo": leave_one_out,
+                          "reinforce_pp": reinforce_outcome,
+                          "reinforce_pp_baseline": reinforce_baseline}
 
 
 @pytest.mark.parametrize("name, contrast", [
     # the contrast group [0, 1], eps = 0:
     ("group_norm", 0.7071068),  # ±.5 / sqrt(.5)
     ("group_mean", 0.5),        # ±.5
+    ("reinforce_pp_baseline", 0.5),   # the group mean only, as group_mean (normalized later)
     ("rloo", 1.0),              # 1 - 0, 0 - 1
     # batch [0.7 x7, 0, 1]: mean 5.9/9; sum of squared deviations = sum r^2 - 9 mean^2
     #   = 7*.49 + 1 - 5.9^2/9 = 4.43 - 3.8677778 = 0.5622222; var /8 = 0.0702778, std 0.2650996
@@ -116,6 +121,7 @@ def test_all_equal_group_is_exactly_zero(name, contrast):
     # group 0 [1, NaN, 0, 0, 1] -> scorable [1, 0, 0, 1]; group 1 all NaN; group 2 [NaN, 1] (one row)
     ("group_norm", 0.8660254),  # ±.5 / sqrt(1/3)
     ("group_mean", 0.5),
+    ("reinforce_pp_baseline", 0.5),
     ("rloo", 2 / 3),            # k = 4 scorable: 4/3 * .5
     # batch scorable [1, 0, 0, 1, 1] (group 2's single reward counts): mean .6, squares
     #   .16 + .36 + .36 + .16 + .16 = 1.2, var 1.2/4 = .3, std 0.5477226 -> ±.5/0.5477226 = ±0.9128709
@@ -134,6 +140,7 @@ def test_nan_rows_get_exactly_zero(name, a):
     # group 7 = rows 0, 2, 4 = [1, 2, 3]: mean 2, centered [-1, 0, 1]
     # group 3 = rows 1, 3, 5 = [0, 0, 6]: mean 2, centered [-2, -2, 4]
     ("group_mean", [-1.0, -2.0, 0.0, -2.0, 1.0, 4.0]),
+    ("reinforce_pp_baseline", [-1.0, -2.0, 0.0, -2.0, 1.0, 4.0]),
     # group std: group 7 var (1+0+1)/2 = 1; group 3 var (4+4+16)/2 = 12, std 3.4641016
     ("group_norm", [-1.0, -0.5773503, 0.0, -0.5773503, 1.0, 1.1547005]),
     # k = 3: 3/2 * centered
@@ -214,8 +221,121 @@ def test_zero_std_fraction_with_float_rounding_nan_and_interleaving():
     rewards = torch.tensor([0.7, 0.0, NAN, NAN, 0.7, 1.0, 0.3, NAN, 0.7, NAN])
     group_ids = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1])
     assert zero_std_fraction(rewards, group_ids) == 0.75
-    # and every estimator agrees: only group 1's rows are nonzero
-    for fn in ADVANTAGES.values():
+    # and every estimator that compares within the group agrees: only group 1's rows are nonzero
+    # (reinforce_pp has no group baseline: its outcome is the reward itself)
+    for name, fn in ADVANTAGES.items():
+        if name == "reinforce_pp":
+            continue
         adv = fn(rewards, group_ids, 0.0)
         assert (adv != 0).tolist() == [False, True, False, False, False, True, False, False, False,
                                        False]
+
+
+# ------------------------------------------------------------------------------- REINFORCE++
+
+def test_reinforce_outcome_is_the_reward_with_unscorable_rows_at_zero():
+    # no baseline: a group whose rewards are all equal keeps them (the batch normalization that
+    # follows centres the whole batch, not the group)
+    adv = reinforce_outcome(torch.tensor([1.0, 1.0, NAN, 0.5]), torch.tensor([0, 0, 1, 1]), 0.0)
+    assert adv.tolist() == [1.0, 1.0, 0.0, 0.5]
+
+
+def test_token_returns_subtract_the_kl_of_the_later_tokens():
+    # outcome [1, 0], beta 0.5, per-token KL [[.1, .2, .3], [.5, -.1, (pad)]]:
+    #   row 0: suffix sums [.6, .5, .3] -> 1 - .5 * [.6, .5, .3] = [.7, .75, .85]
+    #   row 1: suffix sums [.4, -.1]    -> 0 - .5 * [.4, -.1]    = [-.2, .05], padding 0
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, -0.1, 9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    returns = token_returns(torch.tensor([1.0, 0.0], dtype=torch.float64), kl, 0.5, mask)
+    assert returns.tolist()[0] == pytest.approx([0.7, 0.75, 0.85], abs=1e-12)
+    assert returns.tolist()[1] == pytest.approx([-0.2, 0.05, 0.0], abs=1e-12)
+    # no KL (beta 0, or no reference): every token of a completion carries its outcome
+    plain = token_returns(torch.tensor([1.0, 0.0], dtype=torch.float64), kl, 0.0, mask)
+    assert plain.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+
+
+def test_batch_token_normalized_by_hand():
+    # the five counted tokens of the test above: [.7, .75, .85, -.2, .05], sum 2.15, mean .43;
+    # deviations [.27, .32, .42, -.63, -.38], squares sum .0729 + .1024 + .1764 + .3969 + .1444
+    # = .893, sample variance .893 / 4 = .22325, std .4724934
+    adv = torch.tensor([[0.7, 0.75, 0.85], [-0.2, 0.05, 123.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    std = math.sqrt(0.22325)
+    out = batch_token_normalized(adv, mask, eps=0.0)
+    expected = [[0.27 / std, 0.32 / std, 0.42 / std], [-0.63 / std, -0.38 / std, 0.0]]
+    for row, want in zip(out.tolist(), expected):
+        assert row == pytest.approx(want, abs=1e-12)
+    with_eps = batch_token_normalized(adv, mask, eps=0.1)
+    assert with_eps[0, 0].item() == pytest.approx(0.27 / (std + 0.1), abs=1e-12)
+    # fewer than two counted tokens: no statistic, every advantage 0
+    assert batch_token_normalized(adv, torch.tensor([[1, 0, 0], [0, 0, 0]]), 0.0).abs().sum() == 0
+
+
+def test_batch_token_normalized_sums_over_processes_through_reduce():
+    # Two halves of one batch, each normalized with the other's sums added by `reduce` (what
+    # distributed.sum_values does over processes), equal the whole batch normalized at once.
+    gen = torch.Generator().manual_seed(0)
+    adv = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(6, 5, generator=gen) > 0.3).long()
+    whole = batch_token_normalized(adv, mask, eps=1e-4)
+    halves = [(adv[:3], mask[:3]), (adv[3:], mask[3:])]
+    calls: list[dict] = []
+
+    def sums_of(a, m):   # what each process contributes, in the order the function asks
+        m = m.bool()
+        a = a.masked_fill(~m, 0.0)
+        n, total = float(m.sum()), float(a.sum())
+        return [{"n": n, "sum": total}, lambda mean: {"squares": float(((a - mean) ** 2).masked_fill(~m, 0).sum())}]
+
+    parts = [sums_of(a, m) for a, m in halves]
+    first = {k: parts[0][0][k] + parts[1][0][k] for k in ("n", "sum")}
+    mean = first["sum"] / first["n"]
+    second = {"squares": parts[0][1](mean)["squares"] + parts[1][1](mean)["squares"]}
+
+    def reduce(local: dict) -> dict:
+        calls.append(local)
+        return first if "n" in local else second
+
+    for (a, m), rows in zip(halves, (slice(0, 3), slice(3, 6))):
+        torch.testing.assert_close(batch_token_normalized(a, m, eps=1e-4, reduce=reduce), whole[rows],
+                                   rtol=0, atol=1e-12)
+    assert [sorted(c) for c in calls] == [["n", "sum"], ["squares"]] * 2
+
+
+def test_reinforce_pp_advantages_in_a_step_by_hand(tmp_path):
+    # set_advantages on a rollout whose rewards, log-probs and mask are set by hand: two rows of
+    # one group, rewards [1, 0], beta 0.5, k1 KL = old - ref per token.
+    from grpo.config import load_config
+    from grpo.rollout import Rollout
+    from grpo.train import set_advantages
+    from grpo.distributed import World
+    c = load_config(overrides=["algorithm=reinforce_pp", "beta=0.5", "advantage_eps=0"])
+    r = Rollout.__new__(Rollout)
+    r.rewards = torch.tensor([1.0, 0.0])
+    r.group_ids = torch.tensor([0, 0])
+    r.completion_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    r.loss_mask = None
+    r.old_logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0]])
+    r.ref_logprobs = torch.tensor([[-1.1, -2.2, -0.8], [-2.0, -0.9, 0.0]])
+    extra = set_advantages(c, r, None, World())
+    # KL [[.1, .2, .3], [.5, -.1]] -> returns [.7, .75, .85, -.2, .05] as above, then normalized
+    std = math.sqrt(0.22325)
+    expected = [[0.27 / std, 0.32 / std, 0.42 / std], [-0.63 / std, -0.38 / std, 0.0]]
+    for row, want in zip(r.advantages.tolist(), expected):
+        assert row == pytest.approx(want, abs=1e-5)
+    # kl_reward/mean: beta * sum KL per row, [.3, .2] -> .25
+    assert extra["kl_reward/mean"] == pytest.approx(0.25, abs=1e-6)
+    # the baseline variant: r - mean_group = [.5, -.5] on every token, then normalized: the five
+    # tokens [.5, .5, .5, -.5, -.5] have mean .1, deviations [.4, .4, .4, -.6, -.6], squares 1.2,
+    # variance .3, std .5477226; its KL is a k2 loss term, not in the reward
+    c = load_config(overrides=["algorithm=reinforce_pp_baseline", "advantage_eps=0"])
+    assert (c.loss.kl_in_reward, c.loss.kl_estimator) == (False, "k2")
+    extra = set_advantages(c, r, None, World())
+    s = math.sqrt(0.3)
+    assert r.advantages.tolist()[0] == pytest.approx([0.4 / s] * 3, abs=1e-6)
+    assert r.advantages.tolist()[1] == pytest.approx([-0.6 / s, -0.6 / s, 0.0], abs=1e-6)
+    assert "kl_reward/mean" not in extra
+    # without the batch normalization the raw returns stay
+    c = load_config(overrides=["algorithm=reinforce_pp_baseline", "reinforce_pp_batch_norm=false"])
+    set_advantages(c, r, None, World())
+    assert r.advantages.tolist() == [[0.5, 0.5, 0.5], [-0.5, -0.5, 0.0]]

@@ -28,6 +28,15 @@ PAPER_SETTINGS = {
     "sapo": {"loss_type": "sapo", "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "beta": 0.0},
     "gmpo": {"loss_type": "gmpo", "epsilon": 0.4, "epsilon_high": 0.4, "beta": 0.0,
              "aggregation": "sequence_mean"},
+    "clip_cov": {"loss_type": "clip_cov", "clip_cov_fraction": 2e-4, "clip_cov_low": 1.0,
+                 "clip_cov_high": 5.0, "aggregation": "token_mean", "beta": 0.0},
+    "kl_cov": {"loss_type": "kl_cov", "kl_cov_fraction": 2e-3, "kl_cov_coef": 1.0,
+               "aggregation": "token_mean", "beta": 0.0},
+    "reinforce_pp": {"advantage": "reinforce_pp", "reinforce_pp_batch_norm": True, "loss_type": "clip",
+                     "kl_in_reward": True, "kl_estimator": "k1", "beta": 0.001,
+                     "aggregation": "sequence_mean"},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline", "reinforce_pp_batch_norm": True,
+                              "kl_in_reward": False, "kl_estimator": "k2", "beta": 0.001},
 }
 
 

@@ -31,7 +31,8 @@ def surrogate(name, log_ratio, adv, eps_low=0.2, eps_high=0.2, clip_c=3.0):
 
 
 def test_registry_names():
-    assert list(POLICY_LOSSES) == ["clip", "dual_clip", "gspo", "cispo", "sapo", "gmpo"]
+    assert list(POLICY_LOSSES) == ["clip", "dual_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov",
+                                   "kl_cov"]
     assert list(KL_ESTIMATORS) == ["k1", "k2", "k3"]
     assert list(AGGREGATIONS) == ["sequence_mean", "token_mean", "constant", "sequence_sum"]
 
@@ -354,6 +355,12 @@ N_ROWS, T_NAIVE = 8, 6
 LENGTHS = [6, 3, 1, 5, 2, 4, 1, 6]
 ADV = [1.3, -0.7, 0.4, -1.1, 2.0, -1.6, -0.5, 0.9]
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.04, 0.2, 0.28, 3.0
+KL_COV_COEF = 0.7
+
+
+def naive_selected(i, t):
+    """The tokens clip_cov and kl_cov treat as selected in these tests: every third one."""
+    return (i + t) % 3 == 0
 
 
 def naive_data():
@@ -392,6 +399,8 @@ def naive_loss_and_grad(loss_type, kl_name, logp, old, ref):
     gmpo:      J_i = A exp(mean_t k_t), k_t = log r_t unless the one-sided log-space clip (eps as a
                log bound) replaced it; term_it = J_i for every t; d / d logp_t = (1/N) J_i / |o_i|
                where k_t is log r_t, else 0
+    clip_cov:  term = r A, or 0 on a selected token; d term = r A, or 0
+    kl_cov:    term = r A - coef |log r| on a selected token; d term = r A - coef sgn(log r)
     """
     n = len(logp)
     total = 0.0
@@ -420,6 +429,13 @@ def naive_loss_and_grad(loss_type, kl_name, logp, old, ref):
                 tau = 1.0 if a > 0 else 1.05
                 gate = 1 / (1 + math.exp(-tau * (r - 1)))
                 term, dterm = 4 / tau * gate * a, 4 * gate * (1 - gate) * r * a
+            elif loss_type == "clip_cov":
+                term = dterm = 0.0 if naive_selected(i, t) else r * a
+            elif loss_type == "kl_cov":
+                lr = logp[i][t] - old[i][t]
+                term, dterm = r * a, r * a
+                if naive_selected(i, t):
+                    term, dterm = term - KL_COV_COEF * abs(lr), dterm - KL_COV_COEF * math.copysign(1.0, lr)
             elif loss_type == "cispo":
                 term, dterm_total = clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a * logp[i][t], None
                 dterm = clamp(r, 1 - EPS_LOW, 1 + EPS_HIGH) * a
@@ -466,9 +482,11 @@ def test_gradient_matches_naive_reference_float64(loss_type, kl_name):
     weights = torch.tensor([[1.0 / (LENGTHS[i] * N_ROWS) if t < LENGTHS[i] else 0.0
                              for t in range(T_NAIVE)] for i in range(N_ROWS)], dtype=torch.float64)
     f64 = dict(dtype=torch.float64)
+    selected = torch.tensor([[naive_selected(i, t) for t in range(T_NAIVE)] for i in range(N_ROWS)])
     loss, _ = policy_loss(lp, torch.tensor(old, **f64), torch.tensor(ref, **f64),
                           torch.tensor(ADV, **f64), mask, weights, loss_type=loss_type, beta=BETA, kl_estimator=kl_name,
-                          eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=CLIP_C)
+                          eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=CLIP_C, selected=selected,
+                          kl_cov_coef=KL_COV_COEF)
     loss.backward()
     assert loss.dtype == torch.float64
     assert loss.item() == pytest.approx(expected_loss, rel=1e-12)
@@ -541,11 +559,16 @@ def test_micro_batching_leaves_loss_and_gradient_unchanged(tiny, mixed_rollout, 
                                                            aggregation):
     policy, _ = tiny
     kw = dict(aggregation=aggregation, max_tokens=T, loss_type=loss_type, **LOSS_KW)
+    if loss_type in ("clip_cov", "kl_cov"):   # the batch's selection, every third token
+        kw["selected"] = torch.tensor([[naive_selected(i, t) for t in range(T)] for i in range(6)])
+        kw["kl_cov_coef"] = KL_COV_COEF
     whole_grads, whole = grads_and_stats(policy, mixed_rollout, 6, **kw)
     scale = max(g.abs().max().item() for g in whole_grads.values())
     assert scale > 1e-3  # the gradient is not trivially zero
     if loss_type == "sapo":   # a soft gate, no bound: its own diagnostic instead
         assert whole["clip/frac"] == 0 and 0 < whole["sapo/gate_neg"] < 1
+    elif loss_type in ("clip_cov", "kl_cov"):   # no clip range at all
+        assert whole["clip/frac"] == 0
     else:
         assert 0 < whole["clip/frac"] < 1  # some tokens clipped, some not
     for size in (2, 1):
@@ -671,3 +694,150 @@ def test_sapo_and_gmpo_presets_set_the_papers_settings():
     assert (sapo.loss_type, sapo.sapo_tau_pos, sapo.sapo_tau_neg, sapo.beta) == ("sapo", 1.0, 1.05, 0.0)
     gmpo = load_config(overrides=["algorithm=gmpo"]).loss
     assert (gmpo.loss_type, gmpo.epsilon, gmpo.epsilon_high, gmpo.aggregation) == ("gmpo", 0.4, 0.4, "sequence_mean")
+
+
+# ------------------------------------------------------------------------ Clip-Cov and KL-Cov
+
+
+def test_token_covariance_by_hand():
+    # tokens: log pi [ln .5, ln .25 | ln 1, (pad)], A [1 | -1]. N = 3 counted tokens:
+    #   mean log pi = (-ln2 - 2 ln2 + 0) / 3 = -ln2; mean A = (1 + 1 - 1) / 3 = 1/3
+    #   Cov = (log pi + ln2) (A - 1/3): [0, -ln2 * 2/3 | ln2 * -4/3, 0]
+    from grpo.loss import token_covariance
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)], [0.0, -7.0]], dtype=torch.float64)
+    cov = token_covariance(logp, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([[1, 1], [1, 0]]))
+    assert cov.tolist()[0] == pytest.approx([0.0, -LN2 * 2 / 3], abs=1e-15)
+    assert cov.tolist()[1] == pytest.approx([-LN2 * 4 / 3, 0.0], abs=1e-15)
+    # per-token advantages [N, T] are read token by token
+    per_token = token_covariance(logp, torch.tensor([[1.0, 1.0], [-1.0, 5.0]], dtype=torch.float64),
+                                 torch.tensor([[1, 1], [1, 0]]))
+    torch.testing.assert_close(per_token, cov)
+
+
+COV = torch.tensor([[3.0, 1.0, 2.0], [5.0, 0.0, -1.0]])
+
+
+def test_kl_cov_tokens_are_the_top_k_fraction():
+    from grpo.loss import kl_cov_tokens
+    everything = torch.ones(2, 3)
+    # floor(0.34 * 6) = 2 tokens: the covariances 5 and 3
+    assert kl_cov_tokens(COV, everything, 0.34).tolist() == [[True, False, False], [True, False, False]]
+    # floor(0.1 * 6) = 0: none (a batch needs 1 / k tokens for one to be selected)
+    assert not kl_cov_tokens(COV, everything, 0.1).any()
+    # a token outside the mask is never ranked: without the 5, the 3 and the 2
+    masked = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    assert kl_cov_tokens(COV, masked, 0.5).tolist() == [[True, False, True], [False, False, False]]
+
+
+def test_clip_cov_tokens_are_drawn_from_the_band():
+    from grpo.loss import clip_cov_tokens
+    everything = torch.ones(2, 3)
+    band = torch.tensor([[True, True, True], [False, False, False]])   # 1 <= cov <= 3
+    draws = [clip_cov_tokens(COV, everything, 0.34, 1.0, 3.0, torch.Generator().manual_seed(s))
+             for s in range(40)]
+    for chosen in draws:
+        assert int(chosen.sum()) == 2 and not (chosen & ~band).any()   # floor(0.34 * 6) in the band
+    # uniform without replacement: each of the 3 band tokens is left out in some draws
+    assert {tuple(d.flatten().tolist()) for d in draws} == {
+        (False, True, True, False, False, False), (True, False, True, False, False, False),
+        (True, True, False, False, False, False)}
+    # the same generator state draws the same tokens (a resumed run selects what the first did)
+    again = clip_cov_tokens(COV, everything, 0.34, 1.0, 3.0, torch.Generator().manual_seed(7))
+    assert torch.equal(again, draws[7])
+    # more asked for than the band holds: the whole band
+    assert torch.equal(clip_cov_tokens(COV, everything, 1.0, 1.0, 3.0, torch.Generator()), band)
+    # the bounds are inclusive and the mask excludes: 5 alone qualifies for [4, 5]
+    assert clip_cov_tokens(COV, everything, 1.0, 4.0, 5.0, torch.Generator()).tolist() == [
+        [False, False, False], [True, False, False]]
+    assert not clip_cov_tokens(COV, torch.tensor([[1, 1, 1], [0, 1, 1]]), 1.0, 4.0, 5.0,
+                               torch.Generator()).any()
+
+
+def test_clip_cov_detaches_the_selected_tokens_by_hand_float64():
+    # rho = [1.5, 0.5, 1], A = [2, -1, 2], the middle token selected:
+    #   objective [1.5 * 2, 0, 2] = [3, 0, 2]; d/dlogp (rho A) = rho A -> [3, 0, 2]. No PPO clip:
+    #   token 0's ratio 1.5 is beyond 1 + epsilon and keeps its gradient.
+    from grpo.loss import clip_cov
+    logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
+    sur = clip_cov(logp, torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64),
+                   torch.ones(1, 3), eps_low=0.2, eps_high=0.2, clip_c=3.0,
+                   selected=torch.tensor([[False, True, False]]))
+    assert sur.objective.detach().tolist() == [pytest.approx([3.0, 0.0, 2.0], rel=1e-14)]
+    sur.objective.sum().backward()
+    assert logp.grad.tolist() == [pytest.approx([3.0, 0.0, 2.0], rel=1e-14)]
+    assert not sur.clipped_low.any() and not sur.clipped_high.any()
+
+
+def test_kl_cov_penalizes_the_selected_tokens_by_hand_float64():
+    # rho = [1.5, 0.5, 1], A = [2, -1, 2], tokens 0 and 1 selected, coef 1:
+    #   objective [3 - ln 1.5, -0.5 - ln 2, 2]
+    #   d/dlogp [rho A - sgn(log rho)] = [3 - 1, -0.5 + 1, 2] = [2, 0.5, 2]
+    from grpo.loss import kl_cov
+    logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
+    sur = kl_cov(logp, torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64),
+                 torch.ones(1, 3), eps_low=0.2, eps_high=0.2, clip_c=3.0, kl_cov_coef=1.0,
+                 selected=torch.tensor([[True, True, False]]))
+    assert sur.objective.detach().tolist() == [pytest.approx([3 - math.log(1.5), -0.5 - LN2, 2.0], rel=1e-14)]
+    sur.objective.sum().backward()
+    assert logp.grad.tolist() == [pytest.approx([2.0, 0.5, 2.0], rel=1e-14)]
+    # at rho = 1 (pi_theta = pi_old) the term is 0 and so is its gradient: the policy gradient A
+    at_one = torch.zeros(1, 1, dtype=torch.float64, requires_grad=True)
+    sur = kl_cov(at_one, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[2.0]], dtype=torch.float64),
+                 torch.ones(1, 1), eps_low=0.2, eps_high=0.2, clip_c=3.0, kl_cov_coef=1.0,
+                 selected=torch.tensor([[True]]))
+    sur.objective.sum().backward()
+    assert (sur.objective.item(), at_one.grad.item()) == (2.0, 2.0)
+
+
+def test_covariance_presets_set_the_papers_settings():
+    from grpo.config import load_config
+    clip = load_config(overrides=["algorithm=clip_cov"]).loss
+    assert (clip.loss_type, clip.clip_cov_fraction, clip.clip_cov_low, clip.clip_cov_high, clip.beta,
+            clip.aggregation) == ("clip_cov", 2e-4, 1.0, 5.0, 0.0, "token_mean")
+    kl = load_config(overrides=["algorithm=kl_cov"]).loss
+    assert (kl.loss_type, kl.kl_cov_fraction, kl.kl_cov_coef, kl.beta, kl.aggregation) == (
+        "kl_cov", 2e-3, 1.0, 0.0, "token_mean")
+
+
+@pytest.mark.parametrize("keys, message", [
+    (["clip_cov_fraction=1.5"], "'clip_cov_fraction' is a share of the batch's tokens in \\[0, 1\\]"),
+    (["kl_cov_fraction=-0.1"], "'kl_cov_fraction' is a share"),
+    (["clip_cov_low=6", "clip_cov_high=5"], "'clip_cov_low' \\(6.0\\) and 'clip_cov_high' \\(5.0\\)"),
+    (["kl_cov_coef=-1"], "'kl_cov_coef' must be 0 or more"),
+    (["advantage=reinforce_pp", "turn_rewards=true"], "reinforce_pp builds each token's return"),
+])
+def test_bad_covariance_and_reinforce_settings_are_named(keys, message):
+    from grpo.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=keys)
+
+
+def test_covariance_selection_leaves_out_environment_tokens_and_unscorable_rows():
+    # Two rows, T = 3; token (0, 2) came from the environment (not in the loss mask) with a wild
+    # log-prob of -50; row 2 could not be scored. Counted: 5 tokens,
+    #   log pi [-1, -1 | -1, -3, -1], A [1, 1 | -1, -1, -1]: means -7/5 = -1.4 and -1/5
+    #   Cov = (log pi + 1.4)(A + .2) = [.48, .48 | -.32, 1.28, -.32], mean 1.6 / 5 = .32
+    # kl_cov at k = .2 selects floor(.2 * 5) = 1 token: (1, 1). Were the environment token counted
+    # (N = 6, means -9.5 and 0), token (0, 0) would lead with Cov 8.5.
+    from grpo.config import load_config
+    from grpo.distributed import World
+    from grpo.rollout import Rollout
+    from grpo.train import covariance_selection
+    r = Rollout.__new__(Rollout)
+    r.completion_ids = torch.zeros(3, 3, dtype=torch.long)
+    r.completion_mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1]])
+    r.loss_mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    r.rewards = torch.tensor([1.0, 0.0, math.nan])
+    r.advantages = torch.tensor([1.0, -1.0, 0.0])
+    r.old_logprobs = torch.tensor([[-1.0, -1.0, -50.0], [-1.0, -3.0, -1.0], [-9.0, -9.0, -9.0]])
+    c = load_config(overrides=["algorithm=kl_cov", "kl_cov_fraction=0.2"])
+    chosen, stats = covariance_selection(c, r, World(), step=1)
+    assert chosen.tolist() == [[False, False, False], [False, True, False], [False, False, False]]
+    assert stats["cov/selected_frac"] == pytest.approx(1 / 5)
+    assert stats["cov/mean"] == pytest.approx(0.32, abs=1e-6)
+    # clip_cov over the band [.4, 2]: tokens (0, 0), (0, 1), (1, 1) qualify; floor(.6 * 5) = 3
+    c = load_config(overrides=["algorithm=clip_cov", "clip_cov_fraction=0.6", "clip_cov_low=0.4",
+                               "clip_cov_high=2"])
+    chosen, stats = covariance_selection(c, r, World(), step=1)
+    assert chosen.tolist() == [[True, True, False], [False, True, False], [False, False, False]]
+    assert stats["cov/selected_frac"] == pytest.approx(3 / 5)

@@ -11,6 +11,7 @@ Process supervision (per-step rewards, per-token advantages) has its own functio
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -64,12 +65,65 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) ->
     return advantages
 
 
+def reinforce_outcome(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """REINFORCE++ (Hu et al., arXiv:2501.03262, eq. 4): no baseline, A = r; the per-token KL
+    return and the batch normalization follow (`token_returns`, `batch_token_normalized`)."""
+    return torch.nan_to_num(rewards, nan=0.0)
+
+
+def reinforce_baseline(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """REINFORCE++ with baseline (arXiv:2501.03262, eq. 6): A' = r - mean_group(r), the group's
+    mean only (no division by its std: the batch normalization that follows scales instead)."""
+    return group_centered(rewards, group_ids, eps)
+
+
 ADVANTAGES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
     "group_norm": group_normalized,
     "group_mean": group_centered,
     "batch_norm": batch_scaled,
     "rloo": leave_one_out,
+    "reinforce_pp": reinforce_outcome,
+    "reinforce_pp_baseline": reinforce_baseline,
 }
+
+# The estimators whose advantage is per token: the outcome above, minus the KL the policy's later
+# tokens put in the reward, then normalized over the whole batch's tokens.
+TOKEN_RETURNS = ("reinforce_pp", "reinforce_pp_baseline")
+
+
+def token_returns(outcome: torch.Tensor, kl: torch.Tensor | None, beta: float,
+                  mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++'s per-token return (eq. 4, gamma = 1): the outcome at the end of the completion
+    and a reward of -beta * KL_i at each of the policy's tokens i, so
+        A_t = outcome - beta * sum_{i >= t} KL_i,
+    KL_i = log(pi_old / pi_ref) at token i (k1; `kl` [N, T] is the chosen estimator per token).
+    outcome [N], mask [N, T] (the policy's tokens: an episode's environment tokens are not its
+    actions and carry no KL) -> [N, T], 0 outside the mask."""
+    m = mask.to(outcome.dtype)
+    returns = outcome.unsqueeze(-1).expand_as(m).clone()
+    if kl is not None and beta:
+        per_token = kl.to(outcome.dtype) * m
+        to_go = per_token.flip(-1).cumsum(-1).flip(-1)            # sum over i >= t
+        returns = returns - beta * to_go
+    return returns * m
+
+
+def batch_token_normalized(adv: torch.Tensor, mask: torch.Tensor, eps: float,
+                           reduce: Callable[[dict], dict] = dict) -> torch.Tensor:
+    """REINFORCE++'s global normalization (eq. 5): (A - mean) / (std + eps), the mean and the sample
+    std over every counted token of the whole batch. `reduce` sums a dict of numbers over processes
+    (distributed.sum_values), so N processes normalize by the statistics of one. [N, T] -> [N, T],
+    0 outside the mask."""
+    m = mask.bool()
+    a = adv.double().masked_fill(~m, 0.0)
+    first = reduce({"n": float(m.sum()), "sum": float(a.sum())})
+    n = first["n"]
+    if n < 2:
+        return torch.zeros_like(adv)
+    mean = first["sum"] / n
+    second = reduce({"squares": float(((a - mean) ** 2).masked_fill(~m, 0.0).sum())})
+    std = math.sqrt(second["squares"] / (n - 1))
+    return ((a - mean) / (std + eps)).masked_fill(~m, 0.0).to(adv.dtype)
 
 
 def process_supervision(step_rewards: list[list[float]], step_ends: list[list[int]],

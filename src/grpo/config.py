@@ -208,12 +208,33 @@ class LossConfig:
     advantage_eps: float = 1e-4
     """eps in A = (r - mean) / (std + eps)."""
     advantage: str = "group_norm"
-    """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo."""
+    """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo,
+    reinforce_pp (REINFORCE++: per-token return r - beta * sum of the later tokens' KL when
+    kl_in_reward=true, normalized over the whole batch's tokens), reinforce_pp_baseline (the same
+    from r - mean of the group)."""
+    reinforce_pp_batch_norm: bool = True
+    """reinforce_pp, reinforce_pp_baseline: normalize the advantages by the mean and std of every
+    token of the batch, every process's (the paper's global normalization); false keeps them raw."""
     loss_type: str = "clip"
     """Policy loss: clip (GRPO/DAPO), dual_clip, gspo (sequence ratio; GSPO-token with per-token
     advantages), cispo (IS weight clipped above at 1 + epsilon_high, stop-gradient), sapo (a soft
     sigmoid gate in place of the clip; sapo_tau_pos, sapo_tau_neg), gmpo (geometric mean of the
-    token terms; epsilon and epsilon_high are then its clip range in log space)."""
+    token terms; epsilon and epsilon_high are then its clip range in log space), clip_cov (rho * A,
+    detached on a random clip_cov_fraction of the tokens whose covariance of log-prob and advantage
+    is in [clip_cov_low, clip_cov_high]), kl_cov (rho * A, minus kl_cov_coef * |log rho| on the
+    kl_cov_fraction of tokens of highest covariance). clip_cov and kl_cov use no clip range."""
+    clip_cov_fraction: float = 2e-4
+    """clip_cov: r, the share of the batch's tokens whose gradient is detached (the paper's 2e-4;
+    floor(r * tokens) of them, so a batch of fewer than 1 / r tokens selects none)."""
+    clip_cov_low: float = 1.0
+    """clip_cov: the lowest covariance a token may have to be selected (the paper's 1)."""
+    clip_cov_high: float = 5.0
+    """clip_cov: the highest covariance a token may have to be selected (the paper's 5)."""
+    kl_cov_fraction: float = 2e-3
+    """kl_cov: k, the share of the batch's tokens of highest covariance that get the KL term (the
+    paper's 2e-3 for 7B models, 2e-4 for 32B)."""
+    kl_cov_coef: float = 1.0
+    """kl_cov: the coefficient of |log pi_theta - log pi_old| on the selected tokens (the paper's 1)."""
     sapo_tau_pos: float = 1.0
     """sapo: the gate's temperature on tokens with a positive advantage (the paper's 1.0)."""
     sapo_tau_neg: float = 1.05
@@ -653,6 +674,19 @@ def validate(config: TrainConfig) -> None:
                           "kl_in_reward=false) has an expected gradient of exactly 0, so it would "
                           "not regularize at all; set kl_in_reward=true to put k1 in the reward "
                           "(PPO-RLHF, RLOO), or kl_estimator=k2 or kl_estimator=k3 for a loss term")
+    for key in ("clip_cov_fraction", "kl_cov_fraction"):
+        if not 0 <= c[key] <= 1:
+            raise ConfigError(f"config key '{key}' is a share of the batch's tokens in [0, 1], got {c[key]}")
+    if c["clip_cov_low"] > c["clip_cov_high"]:
+        raise ConfigError(f"config keys 'clip_cov_low' ({c['clip_cov_low']}) and 'clip_cov_high' "
+                          f"({c['clip_cov_high']}) bound the covariance of the tokens clip_cov may "
+                          "select: the low bound must not be above the high one")
+    if c["kl_cov_coef"] < 0:
+        raise ConfigError(f"config key 'kl_cov_coef' must be 0 or more, got {c['kl_cov_coef']}")
+    if c["advantage"] in ("reinforce_pp", "reinforce_pp_baseline") and c["turn_rewards"]:
+        raise ConfigError(f"config key 'advantage': {c['advantage']} builds each token's return from "
+                          "the outcome and the KL of the later tokens; with turn_rewards=true the "
+                          "turns' rewards give per-token advantages of their own. Use one or the other")
     for key in ("sapo_tau_pos", "sapo_tau_neg"):
         if c[key] <= 0:
             raise ConfigError(f"config key '{key}' must be above 0 (a gate temperature), got {c[key]}")

@@ -116,7 +116,8 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
                   row: int = 1, log=lambda line: None) -> dict:
     """Sample, score, normalize and update on one prompt (`row` of the data, counted from 1 as
     in the file, or `prompt`); every intermediate number, as a dict."""
-    from grpo.train import cold_start, fixed_logprobs, make_learner, score_rollout
+    from grpo.train import (cold_start, covariance_selection, fixed_logprobs, make_learner,
+                            score_rollout, set_advantages)
 
     build.seed_everything(c.run.seed)
     build.check_choices(c)
@@ -143,33 +144,44 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     rollout.columns = columns_of(rows, G)
     # 2. score
     score_rollout(c, rollout, data)
-    # 3. normalize
-    rewards = rollout.rewards
-    rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
-    scored = rewards[~torch.isnan(rewards)]
-    # 4. update: pi_old is the policy that sampled, fixed for every iteration
+    # pi_old is the policy that sampled, fixed for every iteration; pi_ref when beta > 0. Both
+    # come first: a KL in the reward (kl_in_reward, REINFORCE++) is part of the advantage.
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
-    fixed_logprobs(c, learner, rollout)    # pi_ref; pi_old too when mu > 1
+    fixed_logprobs(c, learner, rollout)
     if rollout.old_logprobs is None:
         rollout.old_logprobs = logprobs_of(policy, rollout, mb, mb_tokens)
+    if c.loss.mask_truncated:
+        rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
+    # 3. normalize
+    rewards = rollout.rewards
+    set_advantages(c, rollout, data.agent, learner.world)
+    selected = (covariance_selection(c, rollout, learner.world, 0)[0]
+                if c.loss.loss_type in ("clip_cov", "kl_cov") else None)
+    adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
+    scored = rewards[~torch.isnan(rewards)]
+    # 4. update
     mask = rollout.tokens_in_loss
     weights = AGGREGATIONS[c.loss.aggregation](mask, T)
     eps_high = c.loss.epsilon_high or c.loss.epsilon
     iterations = []
-    for _ in range(c.optim.num_iterations):
+    for iteration in range(c.optim.num_iterations):
         now = logprobs_of(policy, rollout, mb, mb_tokens)
-        sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, rollout.advantages.unsqueeze(-1),
+        # kl_cov's term is 0 while pi_theta = pi_old (train.update_policy)
+        chosen = None if c.loss.loss_type == "kl_cov" and iteration == 0 else selected
+        sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, adv,
                                                mask, eps_low=c.loss.epsilon, eps_high=eps_high,
                                                clip_c=c.loss.clip_c, tau_pos=c.loss.sapo_tau_pos,
-                                               tau_neg=c.loss.sapo_tau_neg)
+                                               tau_neg=c.loss.sapo_tau_neg, selected=chosen,
+                                               kl_cov_coef=c.loss.kl_cov_coef)
         kl = (KL_ESTIMATORS[c.loss.kl_estimator](torch.where(mask.bool(), now, rollout.ref_logprobs),
                                                  rollout.ref_logprobs)
               if rollout.ref_logprobs is not None else torch.zeros_like(now))
         stats = accumulate_gradients(
             policy, rollout, weights=weights, aggregation=c.loss.aggregation, max_tokens=T,
-            loss_type=c.loss.loss_type, beta=c.loss.beta, kl_estimator=c.loss.kl_estimator,
-            eps_low=c.loss.epsilon, eps_high=eps_high, clip_c=c.loss.clip_c, micro_batch_size=mb,
-            tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg,
+            loss_type=c.loss.loss_type, beta=0.0 if c.loss.kl_in_reward else c.loss.beta,
+            kl_estimator=c.loss.kl_estimator, eps_low=c.loss.epsilon, eps_high=eps_high,
+            clip_c=c.loss.clip_c, micro_batch_size=mb, tau_pos=c.loss.sapo_tau_pos,
+            tau_neg=c.loss.sapo_tau_neg, kl_cov_coef=c.loss.kl_cov_coef, selected=chosen,
             micro_batch_tokens=mb_tokens)
         grad_norm, stepped = optimizer_step(policy, learner.optimizer, c.optim.max_grad_norm, stats["loss"])
         iterations.append({"loss": stats["loss"], "grad_norm": grad_norm, "stepped": stepped,
@@ -196,7 +208,9 @@ def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
             "tokens": tok.convert_ids_to_tokens(ids),
             "rewards": {name: values[i] for name, values in rollout.rewards_per_fn.items()},
             "reward": None if math.isnan(reward) else reward,
-            "advantage": rollout.advantages[i].item(),
+            # per-token advantages (REINFORCE++): the mean over the completion's counted tokens
+            "advantage": (rollout.advantages[i].item() if rollout.advantages.dim() == 1 else
+                          (rollout.advantages[i] * mask[i]).sum().item() / max(int(mask[i].sum()), 1)),
             "truncated": bool(rollout.truncated[i]),
             "old_logprobs": rollout.old_logprobs[i, :n].tolist(),
             "ref_logprobs": None if rollout.ref_logprobs is None else rollout.ref_logprobs[i, :n].tolist(),

@@ -125,6 +125,42 @@ def gmpo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrog
     return Surrogate(objective, (a < 0) & (log_ratio < -eps_low), (a > 0) & (log_ratio > eps_high))
 
 
+def clip_cov(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, selected=None, **_) -> Surrogate:
+    """Clip-Cov (Cui et al., arXiv:2505.22617, eq. 12): the policy gradient rho * A, except on the
+    tokens of I_clip (chosen per batch by `clip_cov_tokens`), which are detached from it: their term
+    is 0. The paper's formula has no PPO clip, so epsilon plays no part. `selected` [n, T] bool;
+    None selects nothing."""
+    ratio = torch.exp(logp - old_logp)
+    chosen = _chosen(selected, logp)
+    objective = torch.where(chosen, torch.zeros_like(logp), ratio * adv)
+    return _with_selection(objective, chosen, mask)
+
+
+def kl_cov(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, selected=None, kl_cov_coef=1.0,
+           **_) -> Surrogate:
+    """KL-Cov (arXiv:2505.22617, eq. 14): rho * A, minus beta * D_KL(pi_old || pi_theta) on the
+    tokens of I_KL (the top k * N by covariance, `kl_cov_tokens`). The KL at the sampled token is
+    |log pi_theta - log pi_old|, the form the paper's own implementation evaluates and its beta = 1
+    was tuned at. It is 0 with no gradient while pi_theta = pi_old, so it acts from the second
+    update of a batch on (num_iterations > 1). `selected` [n, T] bool; None selects nothing."""
+    ratio = torch.exp(logp - old_logp)
+    chosen = _chosen(selected, logp)
+    penalty = kl_cov_coef * (logp - old_logp).abs()
+    objective = ratio * adv - torch.where(chosen, penalty, torch.zeros_like(penalty))
+    return _with_selection(objective, chosen, mask)
+
+
+def _chosen(selected, logp) -> torch.Tensor:
+    if selected is None:
+        return torch.zeros_like(logp, dtype=torch.bool)
+    return selected.bool()
+
+
+def _with_selection(objective, chosen, mask) -> Surrogate:
+    none = torch.zeros_like(chosen)     # no bound acts; the selection is logged where it is made
+    return Surrogate(objective, none, none)
+
+
 POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
     "clip": token_clip,
     "dual_clip": dual_clip,
@@ -132,7 +168,50 @@ POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
     "cispo": cispo,
     "sapo": sapo,
     "gmpo": gmpo,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
 }
+
+# ----------------------------------------------------------------------------- token selections
+# Clip-Cov and KL-Cov act on the tokens whose log-probability and advantage covary most. The
+# statistics are over the whole batch: every counted token of every process (environment tokens
+# of an episode do not count), so the caller gathers the batch first (train.covariance_selection).
+
+
+def token_covariance(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """arXiv:2505.22617 eq. 10, per token over a batch of N tokens:
+        Cov(y_i) = (log pi(y_i) - 1/N sum_j log pi(y_j)) * (A(y_i) - 1/N sum_j A(y_j)).
+    logp, mask [N, T]; adv [N] or [N, T]. 0 on tokens outside the mask."""
+    m = mask.bool()
+    adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv).expand_as(logp).to(logp.dtype)
+    n = m.sum().clamp(min=1)
+    mean_logp = logp.masked_fill(~m, 0).sum() / n
+    mean_adv = adv.masked_fill(~m, 0).sum() / n
+    return ((logp - mean_logp) * (adv - mean_adv)).masked_fill(~m, 0)
+
+
+def clip_cov_tokens(cov: torch.Tensor, mask: torch.Tensor, fraction: float, low: float, high: float,
+                    generator: torch.Generator) -> torch.Tensor:
+    """I_clip (eq. 11): floor(r * N) tokens drawn uniformly, without replacement, from those whose
+    covariance lies in [low, high] (all of them if fewer qualify). [N, T] bool."""
+    m = mask.bool()
+    k = math.floor(fraction * int(m.sum()))
+    band = (m & (cov >= low) & (cov <= high)).flatten().nonzero().squeeze(-1)
+    chosen = torch.zeros(cov.numel(), dtype=torch.bool)
+    if k > 0 and band.numel():
+        chosen[band[torch.randperm(band.numel(), generator=generator)[:k]]] = True
+    return chosen.view_as(cov)
+
+
+def kl_cov_tokens(cov: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
+    """I_KL (eq. 13): the floor(k * N) tokens of highest covariance. [N, T] bool."""
+    m = mask.bool()
+    k = math.floor(fraction * int(m.sum()))
+    chosen = torch.zeros(cov.numel(), dtype=torch.bool)
+    if k > 0:
+        ranked = cov.masked_fill(~m, -math.inf).flatten()
+        chosen[torch.topk(ranked, k, sorted=False).indices] = True
+    return chosen.view_as(cov)
 
 # ----------------------------------------------------------------------------- KL estimators
 # Each estimates KL(pi_theta || pi_ref) per token from samples of pi_theta.
@@ -298,13 +377,16 @@ def policy_loss(
     is_weights: torch.Tensor | None = None,  # [n, T] truncated importance weights sampler -> trainer
     tau_pos: float = 1.0,            # sapo's gate temperatures
     tau_neg: float = 1.05,
+    selected: torch.Tensor | None = None,  # [n, T] bool: clip_cov's / kl_cov's tokens of the batch
+    kl_cov_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-(sum over tokens of weights * (surrogate * is_weights - beta * KL)); and diagnostic sums
     (a variant's own as NAME and NAME#n: the sum over its tokens and how many they are)."""
     m = mask.float()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # every token of o_i gets A_i
     sur = POLICY_LOSSES[loss_type](logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high,
-                                   clip_c=clip_c, tau_pos=tau_pos, tau_neg=tau_neg)
+                                   clip_c=clip_c, tau_pos=tau_pos, tau_neg=tau_neg, selected=selected,
+                                   kl_cov_coef=kl_cov_coef)
     objective = sur.objective if is_weights is None else sur.objective * is_weights
     kl = None
     if ref_logp is not None:  # padding gets logp = ref, so exp() in k3 cannot overflow there

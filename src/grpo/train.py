@@ -27,13 +27,15 @@ from typing import Callable
 import torch
 
 from grpo import build, distributed, resume, sft
-from grpo.advantages import ADVANTAGES, groups_with_contrast, process_supervision
+from grpo.advantages import (ADVANTAGES, TOKEN_RETURNS, batch_token_normalized, groups_with_contrast,
+                             process_supervision, token_returns)
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
-from grpo.loss import AGGREGATIONS, CORRECTIONS, kl_penalized_rewards
+from grpo.loss import (AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, clip_cov_tokens, kl_cov_tokens,
+                       kl_penalized_rewards, token_covariance)
 from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
                           sample_records, step_metrics, unscored_warning)
 from grpo.models import frozen_copy, update_reference
@@ -379,29 +381,24 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     t1 = time.perf_counter()
     fixed_logprobs(c, learner, rollout)
     t_ref = time.perf_counter()
-    rewards = rollout.rewards
-    if c.loss.kl_in_reward and rollout.ref_logprobs is not None:
-        rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
-                                       rollout.completion_mask, c.loss.beta, c.loss.kl_estimator)
-        extra["kl_reward/mean"] = torch.nanmean(rollout.rewards - rewards).item()
-    # 3. advantages
-    if data.agent is not None and data.agent.turn_rewards:
-        rollout.advantages = turn_advantages(rollout, rewards, c.loss.advantage_eps)
-    else:
-        rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids,
-                                                          c.loss.advantage_eps)
     if c.loss.mask_truncated:
         rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
+    # 3. advantages
+    extra.update(set_advantages(c, rollout, data.agent, learner.world))
     is_weights = None
     if (correction := correction_of(c)) is not None:
         is_weights, correction_stats = off_policy_weights(rollout, *correction)
         extra.update(correction_stats)
+    selected = None
+    if c.loss.loss_type in ("clip_cov", "kl_cov"):
+        selected, selection_stats = covariance_selection(c, rollout, learner.world, learner.step)
+        extra.update(selection_stats)
     t2 = time.perf_counter()
     # 4. mu policy updates against the fixed pi_old and pi_ref
     colocated = groups is None   # with async_steps the workers' engines sample, not this one
     if colocated and hasattr(learner.sampler, "sleep"):
         learner.sampler.sleep()          # vLLM frees its memory for the update ...
-    updates = update_policy(c, learner, rollout, is_weights)
+    updates = update_policy(c, learner, rollout, is_weights, selected)
     if colocated and hasattr(learner.sampler, "sync"):
         learner.sampler.sync(learner.policy)   # ... and samples from the new weights next step
     t_update = time.perf_counter()
@@ -420,6 +417,70 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
     metrics["update/skipped_steps"] = learner.skipped_total
     metrics["data/skipped_long_prompts"] = data.skipped_long_prompts
     return rollout, metrics
+
+
+def set_advantages(c: TrainConfig, rollout: Rollout, agent, world: distributed.World) -> dict:
+    """Step 3: the rewards (with the KL in them under kl_in_reward) -> rollout.advantages, [N] or
+    [N, T]; returns the step's metrics of it. Batch statistics (reinforce_pp_batch_norm) are over
+    every process's tokens."""
+    extra: dict = {}
+    rewards = rollout.rewards
+    per_token = c.loss.advantage in TOKEN_RETURNS
+    kl = None
+    if c.loss.kl_in_reward and rollout.ref_logprobs is not None:
+        if per_token:   # REINFORCE++: each token's KL is a reward at that token
+            mask = rollout.tokens_in_loss
+            kl = KL_ESTIMATORS[c.loss.kl_estimator](
+                torch.where(mask.bool(), rollout.old_logprobs, rollout.ref_logprobs),
+                rollout.ref_logprobs) * mask
+            penalty = c.loss.beta * kl.sum(-1)
+        else:
+            rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
+                                           rollout.completion_mask, c.loss.beta, c.loss.kl_estimator)
+            penalty = rollout.rewards - rewards
+        scorable = ~torch.isnan(rollout.rewards)     # the mean over every process's scored rows
+        sums = distributed.sum_values({"sum": float(penalty[scorable].sum()),
+                                       "n": float(scorable.sum())}, world)
+        extra["kl_reward/mean"] = sums["sum"] / sums["n"] if sums["n"] else math.nan
+    if agent is not None and agent.turn_rewards:
+        rollout.advantages = turn_advantages(rollout, rewards, c.loss.advantage_eps)
+    elif per_token:
+        outcome = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
+        scored = rollout.tokens_in_loss * (~torch.isnan(rewards)).long().unsqueeze(-1)
+        returns = token_returns(outcome, kl, c.loss.beta, scored)
+        if c.loss.reinforce_pp_batch_norm:
+            returns = batch_token_normalized(returns, scored, c.loss.advantage_eps,
+                                             lambda sums: distributed.sum_values(sums, world))
+        rollout.advantages = returns.float()
+    else:
+        rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids,
+                                                          c.loss.advantage_eps)
+    return extra
+
+
+def covariance_selection(c: TrainConfig, rollout: Rollout, world: distributed.World,
+                         step: int) -> tuple[torch.Tensor, dict]:
+    """Clip-Cov's or KL-Cov's tokens among this process's rows, [N, T] bool, chosen over the
+    whole batch: every process gathers every process's log-probs, advantages and masks, so the
+    means, the ranking and Clip-Cov's draw (from the seed and the step) are those of one process.
+    The log-probs are pi_old's, the policy that the step's first update starts from. Counted
+    tokens: the policy's own (no environment tokens) in rows that could be scored."""
+    T = rollout.completion_ids.shape[1]
+    adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
+    mask = rollout.tokens_in_loss * (~torch.isnan(rollout.rewards)).long().unsqueeze(-1)
+    logp = distributed.gather_rows(rollout.old_logprobs.float(), world)
+    adv = distributed.gather_rows(adv.expand(-1, T).float().contiguous(), world)
+    mask = distributed.gather_rows(mask, world)
+    cov = token_covariance(logp, adv, mask)
+    if c.loss.loss_type == "clip_cov":
+        draws = torch.Generator().manual_seed(hash((c.run.seed, step, 2505)) & 0x7FFFFFFF)
+        chosen = clip_cov_tokens(cov, mask, c.loss.clip_cov_fraction, c.loss.clip_cov_low,
+                                 c.loss.clip_cov_high, draws)
+    else:
+        chosen = kl_cov_tokens(cov, mask, c.loss.kl_cov_fraction)
+    n = max(int(mask.sum()), 1)
+    stats = {"cov/selected_frac": int(chosen.sum()) / n, "cov/mean": float(cov.sum()) / n}
+    return chosen[world.rows(len(chosen)), :T], stats
 
 
 def turn_advantages(rollout: Rollout, rewards: torch.Tensor, eps: float) -> torch.Tensor:
@@ -454,6 +515,7 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
         # async_steps: the workers' weights sampled these tokens; their log-probs are pi_old
         rollout.old_logprobs = rollout.sampler_logprobs.clone()
     elif (c.optim.num_iterations > 1 or correction_of(c) is not None or c.loss.kl_in_reward
+          or c.loss.loss_type in ("clip_cov", "kl_cov")   # their covariance reads log pi_old
           or rollout.versions is not None):   # proximal=decoupled: pi_prox, the weights now
         with distributed.full_parameters(learner.policy):
             rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
@@ -466,8 +528,13 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
 
 
 def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
-                  is_weights: torch.Tensor | None) -> list[dict]:
-    """`num_iterations` optimizer steps on the step's loss; non-finite ones skipped and counted."""
+                  is_weights: torch.Tensor | None, selected: torch.Tensor | None = None) -> list[dict]:
+    """`num_iterations` optimizer steps on the step's loss; non-finite ones skipped and counted.
+
+    kl_cov's term |log pi_theta - log pi_old| is 0, with a gradient of 0, at the first update of a
+    batch that the current weights sampled (pi_theta = pi_old). pi_old's log-probs come from a
+    pass of their own, whose rounding differs from the update's by about 1e-7, and the gradient of
+    |x| at such an x is +-1: so the term is left out there instead of adding that noise."""
     world = learner.world
     sharded = distributed.is_sharded(learner.policy)
     weights = None
@@ -476,14 +543,16 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
         weights = AGGREGATIONS[c.loss.aggregation](everyone, c.sampling.max_new_tokens)
         weights = weights[world.rows(len(everyone)), :rollout.completion_ids.shape[1]]
     updates = []
-    for _ in range(c.optim.num_iterations):
+    for iteration in range(c.optim.num_iterations):
+        on_policy = iteration == 0 and (rollout.versions is None or c.pipeline.proximal == "decoupled")
         stats = accumulate_gradients(
             learner.policy, rollout, weights=weights,
             reduce=lambda totals: distributed.sum_values(totals, world), aggregation=c.loss.aggregation,
             max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
             beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
             eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
-            tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg,
+            tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg, kl_cov_coef=c.loss.kl_cov_coef,
+            selected=None if c.loss.loss_type == "kl_cov" and on_policy else selected,
             micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens,
             passes=(lambda n: distributed.max_over(n, world)) if sharded else None)
         trained = [p for p in learner.policy.parameters() if p.requires_grad]

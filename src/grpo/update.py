@@ -113,16 +113,18 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                          is_weights: torch.Tensor | None = None, micro_batch_tokens: int = 0,
                          weights: torch.Tensor | None = None, reduce=None,
                          passes: Callable[[int], int] | None = None,
+                         selected: torch.Tensor | None = None,
                          **loss_settings) -> dict[str, float]:
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
     `loss_settings` go to `loss.policy_loss` (loss_type, beta, kl_estimator, eps_low, eps_high,
-    clip_c). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
+    clip_c, tau_pos, tau_neg, kl_cov_coef); `selected` [N, T] are clip_cov's or kl_cov's tokens of
+    the batch (`train.covariance_selection`). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
     Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
     rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
 
     Skipped, because they cannot change the gradient: rows whose advantage is 0 on every token
-    when there is no KL term (beta = 0). The diagnostics then cover the rows that were updated.
+    when there is no KL term (beta = 0) and no token of theirs is `selected`. The diagnostics then cover the rows that were updated.
 
     With several processes, `weights` come from the whole batch's mask (`distributed`), and
     `reduce` sums the loss and the diagnostics' numerators and token counts over processes.
@@ -135,11 +137,15 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     needed = rollout
     if not loss_settings.get("beta"):
         adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
-        live = (adv * rollout.tokens_in_loss != 0).any(-1).nonzero().squeeze(-1).tolist()
+        live = (adv * rollout.tokens_in_loss != 0).any(-1)
+        if selected is not None:
+            live = live | selected.any(-1)
+        live = live.nonzero().squeeze(-1).tolist()
         if not live:
             live = [0]  # keep one row so the step still reports its diagnostics
         needed = rollout.rows(live)
         weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
+        selected = None if selected is None else selected[live]
     device = next(policy.parameters()).device
     batches = length_batches(needed, micro_batch_size, token_budget(micro_batch_tokens, policy))
     if passes is not None:
@@ -155,6 +161,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
                                   part.tokens_in_loss, weights[rows][:, :T].to(device),
                                   is_weights=None if is_weights is None else is_weights[rows][:, :T].to(device),
+                                  selected=None if selected is None else selected[rows][:, :T].to(device),
                                   **loss_settings)
         loss.backward()
         totals["loss"] += loss.item()
