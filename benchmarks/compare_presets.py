@@ -1,13 +1,15 @@
 """Held-out accuracy and entropy of every preset on the built-in demo task after the same number
 of steps, over several seeds.
 
-    python benchmarks/compare_presets.py [--jobs 2] [--seeds 0,1,2] [key=value ...]
+    python benchmarks/compare_presets.py [--jobs 2] [--seeds 0,1,2] [--variant LABEL=NAME:k=v,k=v ...]
+                                         [key=value ...]
 
 Runs `grpo train algorithm=NAME seed=S output_dir=runs/presets/NAME-S threads=1 ...` for each
 preset and seed (the demo's defaults otherwise), `--jobs` at a time, and prints a Markdown table
 read from each run's metrics.jsonl: per preset, the held-out accuracy at step 0 and at the last
 step, and the entropy of the last step (the mean next-token entropy over its completion tokens),
-each as the mean over seeds with every seed's value after it.
+each as the mean over seeds with every seed's value after it. A `--variant` is one more row: the
+preset NAME with the keys after the colon (`runs/presets/LABEL-S`).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from grpo.config import ALGORITHMS
 RUNS = Path("runs/presets")
 
 
-def run(name: str, seed: int, extra: list[str]) -> tuple[tuple[str, int], float]:
+def run(name: str, seed: int, extra: list[str], variants: dict) -> tuple[tuple[str, int], float]:
     start = time.perf_counter()
     out = RUNS / f"{name}-{seed}"
     shutil.rmtree(out, ignore_errors=True)   # a fresh run each time (train refuses a used directory)
-    cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={name}", f"seed={seed}",
-           f"output_dir={out}", "threads=1", *extra]
+    algorithm, keys = variants.get(name, (name, []))
+    cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={algorithm}", f"seed={seed}",
+           f"output_dir={out}", "threads=1", *keys, *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return (name, seed), time.perf_counter() - start
 
@@ -40,10 +43,10 @@ def _cell(values: list[float]) -> str:
     return f"{sum(values) / len(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})"
 
 
-def table(seeds: list[int], seconds: dict) -> str:
+def table(seeds: list[int], seconds: dict, variants: dict) -> str:
     lines = ["| preset | eval/accuracy at step 0 | at the last step | entropy at the last step | "
              "steps | wall s per run |", "|---|---|---|---|---|---|"]
-    for name in ALGORITHMS:
+    for name in [*ALGORITHMS, *variants]:
         first, last, entropy, steps = [], [], [], 0
         for seed in seeds:
             path = RUNS / f"{name}-{seed}" / "metrics.jsonl"
@@ -71,16 +74,25 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--presets", default="", help="comma-separated; default every preset")
     parser.add_argument("--table-only", action="store_true", help="only read runs/presets/*")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="LABEL=NAME:key=value,key=value: the preset NAME with those keys, as a row")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    names = args.presets.split(",") if args.presets else list(ALGORITHMS)
+    variants = {}
+    for v in args.variant:
+        label, _, rest = v.partition("=")
+        name, _, keys = rest.partition(":")
+        if name not in ALGORITHMS:
+            raise SystemExit(f"--variant {v}: {name!r} is not a preset ({', '.join(ALGORITHMS)})")
+        variants[label] = (name, [k for k in keys.split(",") if k])
+    names = (args.presets.split(",") if args.presets else list(ALGORITHMS)) + list(variants)
     seconds: dict = {}
     if not args.table_only:
         with ThreadPoolExecutor(args.jobs) as pool:
-            seconds = dict(pool.map(lambda job: run(job[0], job[1], args.overrides),
+            seconds = dict(pool.map(lambda job: run(job[0], job[1], args.overrides, variants),
                                     [(n, s) for n in names for s in seeds]))
-    print(table(seeds, seconds))
+    print(table(seeds, seconds, variants))
 
 
 if __name__ == "__main__":

@@ -841,3 +841,20 @@ def test_covariance_selection_leaves_out_environment_tokens_and_unscorable_rows(
     chosen, stats = covariance_selection(c, r, World(), step=1)
     assert chosen.tolist() == [[True, True, False], [False, True, False], [False, False, False]]
     assert stats["cov/selected_frac"] == pytest.approx(3 / 5)
+
+
+@pytest.mark.parametrize("keys, noted", [
+    (["algorithm=clip_cov"], True),                              # 2e-4 x 1,024 tokens < 1
+    (["algorithm=clip_cov", "clip_cov_fraction=0.001"], False),  # 1.02 tokens: one can be selected
+    (["algorithm=kl_cov", "prompts_per_step=4"], True),           # 2e-3 x 256 < 1
+    (["algorithm=kl_cov"], False),
+    (["algorithm=grpo"], False),
+])
+def test_a_share_that_cannot_select_a_token_is_noted_at_start(keys, noted):
+    from grpo.build import check_selection
+    from grpo.config import load_config
+    lines: list[str] = []
+    check_selection(load_config(overrides=keys), lines.append)
+    assert bool(lines) == noted
+    if noted:
+        assert "will select none" in lines[0] and "_cov_fraction" in lines[0]

@@ -518,3 +518,21 @@ def check_lr(config: TrainConfig, policy, log) -> None:
         log(f"lr={config.optim.lr:g} is the demo's default, for its tiny model trained from scratch; "
             f"this model has {n / 1e6:.0f}M parameters: a pretrained model wants about lr=1e-6"
             f"{lora} (docs/guides/troubleshooting.md)")
+
+
+def check_selection(config: TrainConfig, log) -> None:
+    """A note at start when clip_cov's or kl_cov's share of the batch cannot select one token:
+    floor(fraction * tokens) is 0 for every step whose batch holds fewer than 1 / fraction tokens,
+    and the run would then be plain policy gradient while its name says otherwise."""
+    loss = config.loss
+    if loss.loss_type not in ("clip_cov", "kl_cov"):
+        return
+    key = "clip_cov_fraction" if loss.loss_type == "clip_cov" else "kl_cov_fraction"
+    fraction = getattr(loss, key)
+    most = config.sampling.prompts_per_step * config.sampling.group_size * config.sampling.max_new_tokens
+    if fraction * most < 1:
+        log(f"{key}={fraction:g} selects floor({fraction:g} x the step's tokens) tokens, and a step "
+            f"here has at most {most} ({config.sampling.prompts_per_step} prompts x "
+            f"{config.sampling.group_size} x max_new_tokens={config.sampling.max_new_tokens}): "
+            f"{loss.loss_type} will select none. The paper's share is for batches of millions of "
+            f"tokens; raise {key} to at least {1 / most:.2g} (docs/algorithms.md)")

@@ -5,7 +5,8 @@ The per-token objective of GRPO (DeepSeekMath, arXiv:2402.03300, eq. 3) is
 It is built from three tables, one entry per published variant:
 
 - POLICY_LOSSES: the surrogate term (token clip, dual clip, GSPO's sequence ratio, GSPO-token
-  where advantages are per token, CISPO).
+  where advantages are per token, CISPO, SAPO's soft gate, GMPO's geometric mean, Clip-Cov and
+  KL-Cov on the tokens that `token_covariance` and the two selections below pick per batch).
 - KL_ESTIMATORS: k1, k2, k3 (Schulman, "Approximating KL divergence", 2020).
 - AGGREGATIONS: how token terms become one number; a function of the *whole optimizer step's*
   completion mask returning one weight per token. Weights are computed before the step is split into

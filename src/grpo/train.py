@@ -102,6 +102,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     build.check_images(c, tokenizer, data)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     build.check_lr(c, policy, log)
+    build.check_selection(c, log)
     resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log, run_dir if write_files else None,
                          world)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))

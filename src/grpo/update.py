@@ -124,7 +124,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
 
     Skipped, because they cannot change the gradient: rows whose advantage is 0 on every token
-    when there is no KL term (beta = 0) and no token of theirs is `selected`. The diagnostics then cover the rows that were updated.
+    when there is no KL term (beta = 0) and no token of theirs is `selected`. The diagnostics then
+    cover the rows that were updated.
 
     With several processes, `weights` come from the whole batch's mask (`distributed`), and
     `reduce` sums the loss and the diagnostics' numerators and token counts over processes.
