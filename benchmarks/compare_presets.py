@@ -85,6 +85,8 @@ def main() -> None:
         name, _, keys = rest.partition(":")
         if name not in ALGORITHMS:
             raise SystemExit(f"--variant {v}: {name!r} is not a preset ({', '.join(ALGORITHMS)})")
+        if label in ALGORITHMS:   # its runs would overwrite the preset's own
+            raise SystemExit(f"--variant {v}: the label {label!r} is a preset's name; choose another")
         variants[label] = (name, [k for k in keys.split(",") if k])
     names = (args.presets.split(",") if args.presets else list(ALGORITHMS)) + list(variants)
     seconds: dict = {}

@@ -846,8 +846,12 @@ def test_covariance_selection_leaves_out_environment_tokens_and_unscorable_rows(
 @pytest.mark.parametrize("keys, noted", [
     (["algorithm=clip_cov"], True),                              # 2e-4 x 1,024 tokens < 1
     (["algorithm=clip_cov", "clip_cov_fraction=0.001"], False),  # 1.02 tokens: one can be selected
-    (["algorithm=kl_cov", "prompts_per_step=4"], True),           # 2e-3 x 256 < 1
-    (["algorithm=kl_cov"], False),
+    (["algorithm=kl_cov", "prompts_per_step=4", "num_iterations=2"], True),   # 2e-3 x 256 < 1
+    (["algorithm=kl_cov", "num_iterations=2"], False),
+    # an episode's policy tokens: 3 turns of 12 -> 16 x 8 x 36 = 4,608 tokens, 2e-4 x 4,608 < 1
+    (["algorithm=clip_cov", "environment=guess_number", "max_turns=3", "turn_tokens=12"], True),
+    (["algorithm=clip_cov", "environment=guess_number", "max_turns=3", "turn_tokens=12",
+      "clip_cov_fraction=0.0003"], False),                       # 1.38 tokens
     (["algorithm=grpo"], False),
 ])
 def test_a_share_that_cannot_select_a_token_is_noted_at_start(keys, noted):
@@ -858,3 +862,23 @@ def test_a_share_that_cannot_select_a_token_is_noted_at_start(keys, noted):
     assert bool(lines) == noted
     if noted:
         assert "will select none" in lines[0] and "_cov_fraction" in lines[0]
+
+
+def test_kl_cov_with_one_update_per_batch_is_noted_at_start():
+    from grpo.build import check_selection
+    from grpo.config import load_config
+    lines: list[str] = []
+    check_selection(load_config(overrides=["algorithm=kl_cov"]), lines.append)
+    assert len(lines) == 1 and "num_iterations=1" in lines[0] and "never acts" in lines[0]
+
+
+def test_gmpo_with_reinforce_pp_returns_is_refused_and_its_baseline_trains_the_counted_tokens():
+    from grpo.config import ConfigError, load_config
+    from grpo.loss import gmpo
+    with pytest.raises(ConfigError, match="gmpo takes one advantage per completion"):
+        load_config(overrides=["algorithm=reinforce_pp", "loss_type=gmpo"])
+    # the baseline variant without KL in the reward: one value per completion on its counted
+    # tokens, 0 on padding (as the batch normalization leaves it) -> accepted, A = 2 on row 0
+    sur = gmpo(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([[2.0, 2.0, 0.0], [-1.0, -1.0, -1.0]]),
+               torch.tensor([[1, 1, 0], [1, 1, 1]]), eps_low=0.4, eps_high=0.4, clip_c=3.0)
+    assert sur.objective[:, 0].tolist() == [2.0, -1.0]

@@ -527,12 +527,24 @@ def check_selection(config: TrainConfig, log) -> None:
     loss = config.loss
     if loss.loss_type not in ("clip_cov", "kl_cov"):
         return
+    if loss.loss_type == "kl_cov" and config.optim.num_iterations == 1:
+        log("kl_cov's term, kl_cov_coef * |log pi_theta - log pi_old|, is 0 while pi_theta = pi_old, "
+            "so with num_iterations=1 (one update per batch) it never acts and the run is the plain "
+            "policy gradient; set num_iterations=2 or more (docs/algorithms.md)")
     key = "clip_cov_fraction" if loss.loss_type == "clip_cov" else "kl_cov_fraction"
     fraction = getattr(loss, key)
-    most = config.sampling.prompts_per_step * config.sampling.group_size * config.sampling.max_new_tokens
+    a = config.agent
+    if a.tools or a.environment:   # an episode's own tokens: at most max_turns turns of turn_tokens
+        per_row = min(a.max_turns * (a.turn_tokens or config.sampling.max_new_tokens),
+                      a.episode_tokens or 1 << 30)
+        bound = f"episodes of at most {per_row} tokens of the policy's own"
+    else:
+        per_row = config.sampling.max_new_tokens
+        bound = f"max_new_tokens={per_row}"
+    most = config.sampling.prompts_per_step * config.sampling.group_size * per_row
     if fraction * most < 1:
         log(f"{key}={fraction:g} selects floor({fraction:g} x the step's tokens) tokens, and a step "
             f"here has at most {most} ({config.sampling.prompts_per_step} prompts x "
-            f"{config.sampling.group_size} x max_new_tokens={config.sampling.max_new_tokens}): "
-            f"{loss.loss_type} will select none. The paper's share is for batches of millions of "
-            f"tokens; raise {key} to at least {1 / most:.2g} (docs/algorithms.md)")
+            f"{config.sampling.group_size} x {bound}): {loss.loss_type} will select none. The "
+            f"paper's share is for batches of millions of tokens; raise {key} to at least "
+            f"{1 / most:.2g} (docs/algorithms.md)")

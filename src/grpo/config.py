@@ -687,6 +687,11 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"config key 'advantage': {c['advantage']} builds each token's return from "
                           "the outcome and the KL of the later tokens; with turn_rewards=true the "
                           "turns' rewards give per-token advantages of their own. Use one or the other")
+    if (c["loss_type"] == "gmpo" and c["advantage"] in ("reinforce_pp", "reinforce_pp_baseline")
+            and c["kl_in_reward"] and c["beta"] > 0):
+        raise ConfigError(f"config key 'loss_type': gmpo takes one advantage per completion, and "
+                          f"advantage={c['advantage']} with kl_in_reward=true gives each token its own "
+                          "(the KL of the tokens after it); set kl_in_reward=false, or another loss_type")
     for key in ("sapo_tau_pos", "sapo_tau_neg"):
         if c[key] <= 0:
             raise ConfigError(f"config key '{key}' must be above 0 (a gate temperature), got {c[key]}")

@@ -249,6 +249,17 @@ def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
     }
 
 
+# each advantage estimator in one line (advantages.py has the definitions)
+_FORMULAS = {
+    "group_norm": "A = (r - mean) / (std + eps)",
+    "group_mean": "A = r - mean",
+    "batch_norm": "A = (r - mean) / (std of the step + eps)",
+    "rloo": "A = r - mean of the others",
+    "reinforce_pp": "A_t = r - beta * (KL of tokens t..end), then over the batch's tokens (A - mean) / (std + eps)",
+    "reinforce_pp_baseline": "A_t = r - mean, then over the batch's tokens (A - mean) / (std + eps)",
+}
+
+
 def render(result: dict) -> str:
     """The explanation as rich terminal tables (plain text when not a terminal)."""
     from io import StringIO
@@ -267,7 +278,8 @@ def render(result: dict) -> str:
     console.print(f"[bold]1. sample[/bold]  G = {result['group_size']} completions   "
                   f"[bold]2. score[/bold]   [bold]3. normalize[/bold]  group mean "
                   f"{_fmt(result['group_mean'])}, std {_fmt(result['group_std'])}, "
-                  f"A = (r - mean) / (std + {result['advantage_eps']:g})  ({result['advantage']})")
+                  f"{_FORMULAS.get(result['advantage'], 'A')}  ({result['advantage']}, "
+                  f"eps {result['advantage_eps']:g})")
     table = Table(show_lines=False)
     for col in ("#", "completion", "reward", "components", "advantage", "log p before", "after", "moved"):
         table.add_column(col, overflow="fold")

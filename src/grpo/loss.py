@@ -111,7 +111,7 @@ def gmpo(logp, old_logp, adv, mask, *, eps_low, eps_high, clip_c, **_) -> Surrog
     1/|o_i|). epsilon and epsilon_high are in log space here: the paper's range is (e^-0.4, e^0.4).
     Every token of o_i carries J_i, as gspo's do, so sequence_mean gives the paper's mean over
     completions. A token whose log-ratio the clip replaced has no gradient (clip/frac_low, _high)."""
-    if adv.shape[-1] > 1 and not bool((adv == adv[:, :1]).all()):
+    if adv.shape[-1] > 1 and not bool(((adv == adv[:, :1]) | ~mask.bool()).all()):
         raise ValueError("loss_type=gmpo needs one advantage per completion (it takes a geometric "
                          "mean over the completion's tokens); per-token advantages (turn_rewards) "
                          "are not defined for it")

@@ -38,7 +38,7 @@ class Rollout:
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns, each [N]
     rewards: torch.Tensor | None = None          # [N] float; NaN where no function could score
     rewards_per_fn: dict[str, list] = field(default_factory=dict)  # name -> [N] float | None
-    advantages: torch.Tensor | None = None       # [N]
+    advantages: torch.Tensor | None = None       # [N], or [N, T] per token (turn rewards, REINFORCE++)
     old_logprobs: torch.Tensor | None = None     # [N, T] pi_old, fixed for the mu updates
     ref_logprobs: torch.Tensor | None = None     # [N, T] pi_ref; None when beta = 0
     loss_mask: torch.Tensor | None = None        # [N, T] tokens that enter the loss; None = completion_mask
