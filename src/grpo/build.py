@@ -18,7 +18,7 @@ import torch
 
 from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
-from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from grpo.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import Columns, DataError, coverage_note, format_prompt, load_rows
 from grpo import vision
 from grpo.vision.tiny import build_tiny_vlm
@@ -525,7 +525,7 @@ def check_selection(config: TrainConfig, log) -> None:
     floor(fraction * tokens) is 0 for every step whose batch holds fewer than 1 / fraction tokens,
     and the run would then be plain policy gradient while its name says otherwise."""
     loss = config.loss
-    if loss.loss_type not in ("clip_cov", "kl_cov"):
+    if loss.loss_type not in COVARIANCE_LOSSES:
         return
     if loss.loss_type == "kl_cov" and config.optim.num_iterations == 1:
         log("kl_cov's term, kl_cov_coef * |log pi_theta - log pi_old|, is 0 while pi_theta = pi_old, "
@@ -533,10 +533,10 @@ def check_selection(config: TrainConfig, log) -> None:
             "policy gradient; set num_iterations=2 or more (docs/algorithms.md)")
     key = "clip_cov_fraction" if loss.loss_type == "clip_cov" else "kl_cov_fraction"
     fraction = getattr(loss, key)
-    a = config.agent
-    if a.tools or a.environment:   # an episode's own tokens: at most max_turns turns of turn_tokens
-        per_row = min(a.max_turns * (a.turn_tokens or config.sampling.max_new_tokens),
-                      a.episode_tokens or 1 << 30)
+    agent = agent_of(config)
+    if agent is not None:   # an episode's own tokens: at most max_turns turns of turn_tokens
+        limits = agent.limits
+        per_row = min(limits.max_turns * limits.turn_tokens, limits.episode_tokens)
         bound = f"episodes of at most {per_row} tokens of the policy's own"
     else:
         per_row = config.sampling.max_new_tokens

@@ -29,7 +29,7 @@ from grpo import build
 from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, TrainConfig, load_config, load_yaml, parse_overrides
 from grpo.data import columns_of
-from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from grpo.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES, token_kl
 from grpo.rewards import REWARDS
 from grpo.tasks import TASKS
 from grpo.update import accumulate_gradients, logprobs_of, optimizer_step
@@ -116,8 +116,8 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
                   row: int = 1, log=lambda line: None) -> dict:
     """Sample, score, normalize and update on one prompt (`row` of the data, counted from 1 as
     in the file, or `prompt`); every intermediate number, as a dict."""
-    from grpo.train import (cold_start, covariance_selection, fixed_logprobs, make_learner,
-                            score_rollout, set_advantages)
+    from grpo.train import (cold_start, covariance_selection, fixed_logprobs, loss_settings,
+                            make_learner, score_rollout, selection_for_update, set_advantages)
 
     build.seed_everything(c.run.seed)
     build.check_choices(c)
@@ -156,33 +156,24 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     rewards = rollout.rewards
     set_advantages(c, rollout, data.agent, learner.world)
     selected = (covariance_selection(c, rollout, learner.world, 0)[0]
-                if c.loss.loss_type in ("clip_cov", "kl_cov") else None)
+                if c.loss.loss_type in COVARIANCE_LOSSES else None)
     adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
     scored = rewards[~torch.isnan(rewards)]
     # 4. update
     mask = rollout.tokens_in_loss
     weights = AGGREGATIONS[c.loss.aggregation](mask, T)
-    eps_high = c.loss.epsilon_high or c.loss.epsilon
+    settings = loss_settings(c)
     iterations = []
     for iteration in range(c.optim.num_iterations):
         now = logprobs_of(policy, rollout, mb, mb_tokens)
-        # kl_cov's term is 0 while pi_theta = pi_old (train.update_policy)
-        chosen = None if c.loss.loss_type == "kl_cov" and iteration == 0 else selected
-        sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, adv,
-                                               mask, eps_low=c.loss.epsilon, eps_high=eps_high,
-                                               clip_c=c.loss.clip_c, tau_pos=c.loss.sapo_tau_pos,
-                                               tau_neg=c.loss.sapo_tau_neg, selected=chosen,
-                                               kl_cov_coef=c.loss.kl_cov_coef)
-        kl = (KL_ESTIMATORS[c.loss.kl_estimator](torch.where(mask.bool(), now, rollout.ref_logprobs),
-                                                 rollout.ref_logprobs)
+        chosen = selection_for_update(c, selected, on_policy=iteration == 0)
+        sur = POLICY_LOSSES[c.loss.loss_type](now, rollout.old_logprobs, adv, mask,
+                                               selected=chosen, **settings)
+        kl = (token_kl(now, rollout.ref_logprobs, mask, c.loss.kl_estimator)
               if rollout.ref_logprobs is not None else torch.zeros_like(now))
         stats = accumulate_gradients(
             policy, rollout, weights=weights, aggregation=c.loss.aggregation, max_tokens=T,
-            loss_type=c.loss.loss_type, beta=0.0 if c.loss.kl_in_reward else c.loss.beta,
-            kl_estimator=c.loss.kl_estimator, eps_low=c.loss.epsilon, eps_high=eps_high,
-            clip_c=c.loss.clip_c, micro_batch_size=mb, tau_pos=c.loss.sapo_tau_pos,
-            tau_neg=c.loss.sapo_tau_neg, kl_cov_coef=c.loss.kl_cov_coef, selected=chosen,
-            micro_batch_tokens=mb_tokens)
+            micro_batch_size=mb, micro_batch_tokens=mb_tokens, selected=chosen, **settings)
         grad_norm, stepped = optimizer_step(policy, learner.optimizer, c.optim.max_grad_norm, stats["loss"])
         iterations.append({"loss": stats["loss"], "grad_norm": grad_norm, "stepped": stepped,
                            "clip_frac": stats["clip/frac"], "kl": stats["kl"],

@@ -174,6 +174,8 @@ POLICY_LOSSES: dict[str, Callable[..., Surrogate]] = {
 }
 
 # ----------------------------------------------------------------------------- token selections
+
+COVARIANCE_LOSSES = ("clip_cov", "kl_cov")   # the losses that act on a batch's token selection
 # Clip-Cov and KL-Cov act on the tokens whose log-probability and advantage covary most. The
 # statistics are over the whole batch: every counted token of every process (environment tokens
 # of an episode do not count), so the caller gathers the batch first (train.covariance_selection).
@@ -278,10 +280,18 @@ AGGREGATIONS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
 
 # ----------------------------------------------------------------------------- corrections
 
+def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+             estimator: str = "k1") -> torch.Tensor:
+    """The chosen estimator's KL at each token of the mask, 0 elsewhere. [N, T]. Outside the mask
+    logp is taken as ref_logp, so exp() in k3 cannot overflow on padding."""
+    m = mask.bool()
+    return KL_ESTIMATORS[estimator](torch.where(m, logp, ref_logp), ref_logp) * m
+
+
 def kl_penalized_rewards(rewards: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor,
                          mask: torch.Tensor, beta: float, estimator: str = "k1") -> torch.Tensor:
     """PPO-RLHF's KL in the reward: r_i - beta * sum_t KL_t(o_i). rewards [N] -> [N]."""
-    return rewards - beta * (KL_ESTIMATORS[estimator](logp, ref_logp) * mask.float()).sum(-1)
+    return rewards - beta * token_kl(logp, ref_logp, mask, estimator).sum(-1)
 
 
 def truncated_importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor,

@@ -83,7 +83,7 @@ def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
     if world.size == 1:
         return rollout
     parts = distributed.gather_objects(
-        {"rewards": rollout.rewards, "advantages": rollout.advantages, "truncated": rollout.truncated,
+        {"rewards": rollout.rewards, "truncated": rollout.truncated,
          "group_ids": rollout.group_ids, "completion_mask": rollout.completion_mask,
          "prompt_mask": rollout.prompt_mask, "rewards_per_fn": rollout.rewards_per_fn,
          "episodes": rollout.episodes, "real_mask": rollout.real_mask}, world)
@@ -98,9 +98,6 @@ def everyones_rows(rollout: Rollout, world: distributed.World) -> Rollout:
         completion_mask=distributed.gather_rows(rollout.completion_mask, world),
         sampler_logprobs=torch.empty(0), truncated=torch.cat([p["truncated"] for p in parts]),
         rewards=torch.cat([p["rewards"] for p in parts]),
-        # per-token advantages (turn rewards, REINFORCE++) are [n, T] with each process's own T
-        advantages=(distributed.gather_rows(rollout.advantages, world) if rollout.advantages.dim() == 2
-                    else torch.cat([p["advantages"] for p in parts])),
         rewards_per_fn={k: [v for p in parts for v in p["rewards_per_fn"][k]]
                         for k in parts[0]["rewards_per_fn"]},
         context_mask=(distributed.gather_rows(rollout.real_mask, world)

@@ -122,6 +122,10 @@ class Rollout:
     def tokens_in_loss(self) -> torch.Tensor:  # [N, T]
         return self.completion_mask if self.loss_mask is None else self.loss_mask
 
+    @property
+    def scored_tokens(self) -> torch.Tensor:  # [N, T]: tokens_in_loss of the rows with a reward
+        return self.tokens_in_loss * (~torch.isnan(self.rewards)).long().unsqueeze(-1)
+
 
 def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
     """Rows of several sampled (and perhaps scored) rollouts in one: prompts re-padded on the left,

@@ -34,8 +34,8 @@ from grpo.config import TrainConfig, to_yaml
 from grpo.data import PromptStream, columns_of
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
-from grpo.loss import (AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, clip_cov_tokens, kl_cov_tokens,
-                       kl_penalized_rewards, token_covariance)
+from grpo.loss import (AGGREGATIONS, COVARIANCE_LOSSES, CORRECTIONS, clip_cov_tokens, kl_cov_tokens,
+                       kl_penalized_rewards, token_covariance, token_kl)
 from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
                           sample_records, step_metrics, unscored_warning)
 from grpo.models import frozen_copy, update_reference
@@ -391,7 +391,7 @@ def grpo_step(c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
         is_weights, correction_stats = off_policy_weights(rollout, *correction)
         extra.update(correction_stats)
     selected = None
-    if c.loss.loss_type in ("clip_cov", "kl_cov"):
+    if c.loss.loss_type in COVARIANCE_LOSSES:
         selected, selection_stats = covariance_selection(c, rollout, learner.world, learner.step)
         extra.update(selection_stats)
     t2 = time.perf_counter()
@@ -430,10 +430,8 @@ def set_advantages(c: TrainConfig, rollout: Rollout, agent, world: distributed.W
     kl = None
     if c.loss.kl_in_reward and rollout.ref_logprobs is not None:
         if per_token:   # REINFORCE++: each token's KL is a reward at that token
-            mask = rollout.tokens_in_loss
-            kl = KL_ESTIMATORS[c.loss.kl_estimator](
-                torch.where(mask.bool(), rollout.old_logprobs, rollout.ref_logprobs),
-                rollout.ref_logprobs) * mask
+            kl = token_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.tokens_in_loss,
+                          c.loss.kl_estimator)
             penalty = c.loss.beta * kl.sum(-1)
         else:
             rewards = kl_penalized_rewards(rewards, rollout.old_logprobs, rollout.ref_logprobs,
@@ -447,7 +445,7 @@ def set_advantages(c: TrainConfig, rollout: Rollout, agent, world: distributed.W
         rollout.advantages = turn_advantages(rollout, rewards, c.loss.advantage_eps)
     elif per_token:
         outcome = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids, c.loss.advantage_eps)
-        scored = rollout.tokens_in_loss * (~torch.isnan(rewards)).long().unsqueeze(-1)
+        scored = rollout.scored_tokens
         returns = token_returns(outcome, kl, c.loss.beta, scored)
         if c.loss.reinforce_pp_batch_norm:
             returns = batch_token_normalized(returns, scored, c.loss.advantage_eps,
@@ -468,7 +466,7 @@ def covariance_selection(c: TrainConfig, rollout: Rollout, world: distributed.Wo
     tokens: the policy's own (no environment tokens) in rows that could be scored."""
     T = rollout.completion_ids.shape[1]
     adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
-    mask = rollout.tokens_in_loss * (~torch.isnan(rollout.rewards)).long().unsqueeze(-1)
+    mask = rollout.scored_tokens
     logp = distributed.gather_rows(rollout.old_logprobs.float(), world)
     adv = distributed.gather_rows(adv.expand(-1, T).float().contiguous(), world)
     mask = distributed.gather_rows(mask, world)
@@ -516,7 +514,7 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
         # async_steps: the workers' weights sampled these tokens; their log-probs are pi_old
         rollout.old_logprobs = rollout.sampler_logprobs.clone()
     elif (c.optim.num_iterations > 1 or correction_of(c) is not None or c.loss.kl_in_reward
-          or c.loss.loss_type in ("clip_cov", "kl_cov")   # their covariance reads log pi_old
+          or c.loss.loss_type in COVARIANCE_LOSSES   # their covariance reads log pi_old
           or rollout.versions is not None):   # proximal=decoupled: pi_prox, the weights now
         with distributed.full_parameters(learner.policy):
             rollout.old_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
@@ -528,14 +526,29 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
             rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
 
 
+def loss_settings(c: TrainConfig) -> dict:
+    """The keyword arguments of `loss.policy_loss` (via `update.accumulate_gradients`) that the
+    config sets. With the KL in the reward, the loss has no KL term."""
+    return dict(loss_type=c.loss.loss_type, beta=0.0 if c.loss.kl_in_reward else c.loss.beta,
+                kl_estimator=c.loss.kl_estimator, eps_low=c.loss.epsilon,
+                eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
+                tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg,
+                kl_cov_coef=c.loss.kl_cov_coef)
+
+
+def selection_for_update(c: TrainConfig, selected: torch.Tensor | None,
+                         on_policy: bool) -> torch.Tensor | None:
+    """The batch's selection as one update uses it. kl_cov's term |log pi_theta - log pi_old| is 0,
+    with a gradient of 0, at an update where pi_theta = pi_old (the first of a batch the current
+    weights sampled). pi_old's log-probs come from a pass of their own, whose rounding differs
+    from the update's by about 1e-7, and the gradient of |x| at such an x is +-1: so the term is
+    left out there instead of adding that noise."""
+    return None if c.loss.loss_type == "kl_cov" and on_policy else selected
+
+
 def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
                   is_weights: torch.Tensor | None, selected: torch.Tensor | None = None) -> list[dict]:
-    """`num_iterations` optimizer steps on the step's loss; non-finite ones skipped and counted.
-
-    kl_cov's term |log pi_theta - log pi_old| is 0, with a gradient of 0, at the first update of a
-    batch that the current weights sampled (pi_theta = pi_old). pi_old's log-probs come from a
-    pass of their own, whose rounding differs from the update's by about 1e-7, and the gradient of
-    |x| at such an x is +-1: so the term is left out there instead of adding that noise."""
+    """`num_iterations` optimizer steps on the step's loss; non-finite ones skipped and counted."""
     world = learner.world
     sharded = distributed.is_sharded(learner.policy)
     weights = None
@@ -549,11 +562,8 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
         stats = accumulate_gradients(
             learner.policy, rollout, weights=weights,
             reduce=lambda totals: distributed.sum_values(totals, world), aggregation=c.loss.aggregation,
-            max_tokens=c.sampling.max_new_tokens, is_weights=is_weights, loss_type=c.loss.loss_type,
-            beta=0.0 if c.loss.kl_in_reward else c.loss.beta, kl_estimator=c.loss.kl_estimator,
-            eps_low=c.loss.epsilon, eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
-            tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg, kl_cov_coef=c.loss.kl_cov_coef,
-            selected=None if c.loss.loss_type == "kl_cov" and on_policy else selected,
+            max_tokens=c.sampling.max_new_tokens, is_weights=is_weights,
+            selected=selection_for_update(c, selected, on_policy), **loss_settings(c),
             micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens,
             passes=(lambda n: distributed.max_over(n, world)) if sharded else None)
         trained = [p for p in learner.policy.parameters() if p.requires_grad]

@@ -118,8 +118,9 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
     `loss_settings` go to `loss.policy_loss` (loss_type, beta, kl_estimator, eps_low, eps_high,
-    clip_c, tau_pos, tau_neg, kl_cov_coef); `selected` [N, T] are clip_cov's or kl_cov's tokens of
-    the batch (`train.covariance_selection`). The aggregation weights see the whole step's mask, so micro-batching changes nothing.
+    clip_c, tau_pos, tau_neg, kl_cov_coef: `train.loss_settings`); `selected` [N, T] are clip_cov's
+    or kl_cov's tokens of the batch (`train.covariance_selection`). The aggregation weights see the
+    whole step's mask, so micro-batching changes nothing.
     Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
     rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
 
