@@ -177,6 +177,19 @@ def test_the_python_tools_cap_cuts_the_output_and_keeps_the_result():
     assert long.text == "y" * 2000 + "\n[cut at 2,000 characters]"
 
 
+def test_the_python_tools_timeout_is_a_failed_call_of_kind_timeout():
+    # It used to come back as kind "ok", so episode/tool_failure_rate did not count it.
+    from grpo.tools import python_tool
+    tools = {"python": make_tool(python_tool(isolate=False), "python")}
+    hung = run_call(Call("python", {"code": "while True: pass"}), tools, 1.0)
+    assert (hung.failed, hung.kind, hung.text) == (
+        True, "timeout", "error: the program did not finish within 1 s")
+    crashed = run_call(Call("python", {"code": "1/0"}), tools, 5.0)
+    assert (crashed.failed, crashed.kind, crashed.text) == (True, "error", "error: exit status 256")
+    fine = run_call(Call("python", {"code": "print(6*7)"}), tools, 5.0)
+    assert (fine.failed, fine.kind, fine.text) == (False, "ok", "42\n")
+
+
 def test_the_python_tool_runs_in_the_sandbox():
     from grpo.rewards.sandbox import isolation_level
     if isolation_level() != "full":

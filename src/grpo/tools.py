@@ -274,7 +274,8 @@ def run_call(call: Call, tools: dict[str, Tool], deadline_s: float, max_chars: i
         return Outcome(f"error: TypeError: {e}"[:max_chars], True, "error")
     kind, value = _RUNNERS[tool.runs](tool, call.arguments, deadline_s)
     if kind == "timeout":
-        return Outcome(f"error: {call.name} did not answer within {deadline_s:g} s", True, "timeout")
+        return Outcome(f"error: {value or f'{call.name} did not answer within {deadline_s:g} s'}",
+                       True, "timeout")
     if kind != "ok":
         return Outcome(f"error: {value}"[:max_chars], True, "error")
     parts = list(value) if isinstance(value, (list, tuple)) and any(map(is_image, value)) else [value]
@@ -318,9 +319,21 @@ def _in_process(tool: Tool, arguments: dict, deadline_s: float) -> tuple[str, An
     return kind, value
 
 
+class ToolFailed(Exception):
+    """Raised by a tool that keeps its own deadline (Tool.runs = "itself") when its call failed: the
+    message is what the model reads after "error: ", and the call counts as failed, of `kind`."""
+    kind = "error"
+
+
+class ToolTimedOut(ToolFailed):
+    kind = "timeout"
+
+
 def _by_itself(tool: Tool, arguments: dict, deadline_s: float) -> tuple[str, Any]:
     try:
         return "ok", tool.fn.call_with_deadline(deadline_s, **arguments)
+    except ToolFailed as e:
+        return e.kind, str(e)
     except Exception as e:  # noqa: BLE001 - a tool may raise anything
         return "error", f"{type(e).__name__}: {e}"
 
@@ -419,17 +432,19 @@ def python_tool(limits=None, isolate: bool | None = None) -> Callable:
         # read cap leaves room for that and never cuts the line itself.
         out = run_program(job, limits=limits, isolate=isolated, deadline_s=timeout_s + 2,
                           read_cap=6 * cap + 4096)
+        # A program that ran out of time, crashed or could not be run is a failed call, counted by
+        # its kind (episode/tool_failure_rate), as a Python tool that raises is.
         if out.timed_out:
-            return f"error: the program did not finish within {timeout_s:g} s"
+            raise ToolTimedOut(f"the program did not finish within {timeout_s:g} s")
         lines = [line for line in out.stdout.split("\n") if line.startswith("\x00")]
         try:
             result = json.loads(lines[-1][1:])["results"][0]
         except (IndexError, KeyError, ValueError):
-            return "error: the program could not be run"
+            raise ToolFailed("the program could not be run") from None
         if result.get("error") == "timeout":
-            return f"error: the program did not finish within {timeout_s:g} s"
+            raise ToolTimedOut(f"the program did not finish within {timeout_s:g} s")
         if "out" not in result:
-            return f"error: {result.get('error', 'failed')}"
+            raise ToolFailed(result.get("error", "failed"))
         return result["out"] + (f"\n[output cut at {limits.output_kb} KiB]" if result.get("cut") else "")
 
     def python(code: str) -> str:
@@ -438,7 +453,10 @@ def python_tool(limits=None, isolate: bool | None = None) -> Callable:
         Args:
             code: the program
         """
-        return run(code, limits.timeout_s)
+        try:
+            return run(code, limits.timeout_s)
+        except ToolFailed as e:        # called directly: the text a call would read
+            return f"error: {e}"
 
     python.call_with_deadline = lambda deadline_s, code: run(code, deadline_s)
     return python
