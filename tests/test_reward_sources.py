@@ -144,3 +144,60 @@ def test_server_and_model_from_config(server, reward_model_dir, tmp_path):
     m = train(c, log=lambda s: None, write_files=False).history[0]
     assert "reward/reward_server/mean" in m and "reward/reward_model/mean" in m
     assert len(server.requests) == 1 and len(server.requests[0]["completions"]) == 4
+
+
+class LimitedServer(Server):
+    """A reward server that answers 413 Payload Too Large to a request over `limit` bytes."""
+
+    def __init__(self, limit):
+        self.requests, self.sizes = [], []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                size = int(self.headers["Content-Length"])
+                payload = json.loads(self.rfile.read(size))
+                outer.requests.append(payload)
+                outer.sizes.append(size)
+                if size > limit:
+                    body = b"request entity too large (limit %d bytes)" % limit
+                    self.send_response(413)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                data = json.dumps({"rewards": [float(len(c)) for c in payload["completions"]]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_a_413_sends_the_batch_in_halves_and_skip_leaves_out_only_the_refused_completion():
+    # A 413 used to stop the run even with reward_on_error=skip. Each completion alone fits under
+    # the limit but the four together do not; one completion is too large even alone.
+    from grpo.reward_sources import RewardRefused
+    from grpo.rewards import score
+    s = LimitedServer(limit=400)
+    try:
+        completions = ["a" * 150, "b" * 20, "c" * 150, "d" * 30]
+        assert RewardServer(s.url, retries=0)(["p"] * 4, completions) == [150.0, 20.0, 150.0, 30.0]
+        assert [len(r["completions"]) for r in s.requests] == [4, 2, 2]    # refused, then halves
+        completions[2] = "x" * 1000
+        with pytest.raises(RewardRefused, match=r"refused a completion \(1,0\d\d bytes of JSON\) with "
+                                                r"HTTP 413 .*: request entity too large \(limit 400"):
+            RewardServer(s.url, retries=0)(["p"] * 4, completions)
+        totals, _ = score([RewardServer(s.url, retries=0)], [1.0], ["p"] * 4, completions, {},
+                          on_error="skip")
+        assert totals == [150.0, 20.0, None, 30.0]
+        with pytest.raises(RewardError, match="refused a completion"):
+            score([RewardServer(s.url, retries=0)], [1.0], ["p"] * 4, completions, {}, on_error="raise")
+    finally:
+        s.close()

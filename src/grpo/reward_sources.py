@@ -54,13 +54,36 @@ class RewardModel:
 
 class RewardServer:
     """POSTs {"prompts", "completions", "columns"} as JSON to `url`; reads back {"rewards": [...]}
-    (or a bare list). Retries `retries` times on a connection error, a timeout or a 5xx answer."""
+    (or a bare list). Retries `retries` times on a connection error, a timeout or a 5xx answer.
+
+    A 413 (Payload Too Large) is answered by sending the batch again in two halves, down to one
+    completion; a completion the server refuses alone raises `RewardRefused`, which
+    `reward_on_error=skip` turns into that one sample being unscorable."""
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 2, backoff: float = 0.5):
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
         self.__name__ = "reward_server"
 
     def __call__(self, prompts: list[str], completions: list[str], **columns) -> list:
+        try:
+            return self._post(prompts, completions, columns)
+        except _TooLarge as e:
+            if len(completions) == 1:
+                raise RewardRefused(f"reward server {self.url} refused a completion "
+                                    f"({e.size:,} bytes of JSON) with {e}", [None]) from None
+        half, values, refused = len(completions) // 2, [], None
+        for part in (slice(0, half), slice(half, None)):
+            try:
+                values += self(prompts[part], completions[part],
+                               **{k: v[part] for k, v in columns.items()})
+            except RewardRefused as e:
+                values += e.partial
+                refused = refused or e
+        if refused is not None:
+            raise RewardRefused(str(refused), values)
+        return values
+
+    def _post(self, prompts: list[str], completions: list[str], columns: dict) -> list:
         body = json.dumps({"prompts": prompts, "completions": completions,
                            "columns": columns}, default=str).encode()
         answer, error, attempts = None, "", 0
@@ -74,7 +97,9 @@ class RewardServer:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     raw = response.read()
             except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code} {e.reason}"
+                error = f"HTTP {e.code} {e.reason}{_body_start(e)}"
+                if e.code == 413:
+                    raise _TooLarge(error, len(body)) from None
                 if e.code < 500:
                     break  # the server refused this request; asking again will not help
                 continue
@@ -92,3 +117,28 @@ class RewardServer:
         if not isinstance(rewards, list):
             raise RewardError(f"reward server {self.url} answered without a 'rewards' list")
         return rewards
+
+
+class RewardRefused(RewardError):
+    """The source refused some samples for what they are (too large, say). `partial` holds the
+    batch's rewards with None for those: reward_on_error=skip keeps it, so only the refused samples
+    are unscorable."""
+
+    def __init__(self, message: str, partial: list):
+        super().__init__(message)
+        self.partial = partial
+
+
+class _TooLarge(Exception):
+    def __init__(self, message: str, size: int):
+        super().__init__(message)
+        self.size = size
+
+
+def _body_start(e: urllib.error.HTTPError, limit: int = 200) -> str:
+    """': <the first `limit` characters of the error's body>', or '' when it has none."""
+    try:
+        text = e.read(limit + 1).decode("utf-8", "replace").strip()
+    except Exception:  # noqa: BLE001 - the body is only a hint; a broken one is left out
+        return ""
+    return f": {text[:limit]}{'...' if len(text) > limit else ''}" if text else ""

@@ -76,8 +76,11 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     failing samples unscorable (`skip`)."""
     try:
         return fn(prompts, completions, **columns)
-    except RewardError:
-        raise  # already names its source (a reward server that failed, say)
+    except RewardError as e:  # it names its source (a reward server that failed, say)
+        partial = getattr(e, "partial", None)    # some samples refused for what they are
+        if on_error == "skip" and partial is not None and len(partial) == len(completions):
+            return partial
+        raise
     except Exception:  # noqa: BLE001 - a user's function may raise anything; we name it below
         pass
     values: list = []
