@@ -206,3 +206,18 @@ def test_a_vision_language_model_in_two_processes_with_ddp_and_fsdp_equals_one(t
         p1, p2 = compare_runs(tmp_path / "one", tmp_path / two, model_dir)
         for k in p1:
             torch.testing.assert_close(p1[k], p2[k], rtol=0, atol=1e-5, msg=(two, k))
+
+
+def test_the_readmes_torchrun_command_runs_as_written_with_the_default_model(tmp_path):
+    """README.md's first torchrun line, with the default (tiny) model that every rank must find:
+    its `...` becomes a short run, and torchrun gets a free port."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("torchrun --nproc-per-node 2 "))
+    command = line.split("#")[0].split()
+    assert command[0] == "torchrun" and command[-1] == "..."
+    short = ["steps=2", "sft_steps=2", "eval_every=0", "threads=1"]
+    run([*torchrun(2)[:3], f"--master-port={free_port()}", *command[1:-1], *short], tmp_path)
+    steps = metrics(tmp_path / "runs" / "demo")
+    assert [m["step"] for m in steps] == [1, 2]
+    assert (tmp_path / "runs" / "demo" / "final" / "config.json").is_file()

@@ -20,7 +20,7 @@ from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import Columns, DataError, coverage_note, format_prompt, load_rows
-from grpo import vision
+from grpo import distributed, vision
 from grpo.vision.tiny import build_tiny_vlm
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
 from grpo.progress import to_stderr
@@ -142,25 +142,35 @@ def check_choices(config: TrainConfig) -> None:
                               f"choose one of {sorted(table)}{preset}")
 
 
-def resolve_model(config: TrainConfig, run_dir: Path | None) -> str:
+def resolve_model(config: TrainConfig, run_dir: Path | None,
+                  world: distributed.World = distributed.World()) -> str:
     """The model path; `tiny` builds a fresh tiny model in the run directory (or a temporary one),
-    `tiny-vlm` (or `tiny` for a task with images) a tiny LLaVA-architecture vision-language model."""
+    `tiny-vlm` (or `tiny` for a task with images) a tiny LLaVA-architecture vision-language model.
+    Under torchrun rank 0 writes it into `output_dir`/base_model and every rank reads it from there
+    after a barrier (transformers writes model files on rank 0 only)."""
     name = config.model.model
     if name == "tiny" and not config.data.dataset and getattr(get_task(config.data.task), "vision", False):
         name = "tiny-vlm"             # a task whose prompts hold images gets the tiny vision model
     if name in ("tiny", "tiny-vlm"):
-        where = run_dir / "base_model" if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-tiny-"))
         make = build_tiny_vlm if name == "tiny-vlm" else build_tiny
+        if world.size > 1:
+            where = Path(config.run.output_dir) / "base_model"
+            if world.is_main:
+                make(where, seed=config.run.seed)
+            distributed.barrier(world)
+            return str(where)
+        where = run_dir / "base_model" if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-tiny-"))
         return str(make(where, seed=config.run.seed))
     return name
 
 
 def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None,
-                             log: Callable[[str], None] = to_stderr):
+                             log: Callable[[str], None] = to_stderr,
+                             world: distributed.World = distributed.World()):
     """The policy and its tokenizer from `model`; every failure to load is one line naming the
     key and the path (models.model_source checks the directory first)."""
     try:
-        path, note = model_source("model", resolve_model(config, run_dir))
+        path, note = model_source("model", resolve_model(config, run_dir, world))
     except ModelError as e:
         raise ConfigError(str(e)) from None
     if note:

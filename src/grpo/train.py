@@ -97,7 +97,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
     data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log)
-    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log)
+    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log, world)
     distributed.broadcast_parameters(policy, world)
     build.check_images(c, tokenizer, data)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
