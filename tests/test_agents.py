@@ -547,15 +547,50 @@ def test_each_limit_truncates_the_episode(talker, engine):
     # out of episode tokens: 30-character answers spend a 40-token budget in the second turn
     r = run(EpisodeLimits(max_turns=6, turn_tokens=8, episode_tokens=40))
     assert r.truncated.all() and int(r.context_mask.sum(-1).max()) <= 40
-    # a turn cut at turn_tokens: a 1-token turn cannot end with EOS after a digit
-    r = run(EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500))
+    # a turn cut at turn_tokens that nothing answers (no environment, no call): a 1-token turn
+    # cannot end with EOS after a digit, so the episode ends there, truncated
+    r = run(EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500), make_env=None)
     assert r.truncated.any() and all(t == 1 for t, cut in zip(r.episodes["turns"], r.truncated) if cut)
-    # the cut turn is a turn of its own: it has a reward entry (None: the environment never saw
-    # it), so turn_rewards credits the outcome to it and not to the turn before
+    # the cut turn is a turn of its own: it has a reward entry (None: no environment saw it), so
+    # turn_rewards credits the outcome to it and not to the turn before
     for ends, given, cut in zip(r.episodes["turn_ends"], r.episodes["turn_rewards"], r.truncated):
         assert len(given) == len(ends)
         if cut:
             assert given == [None]
+
+
+@pytest.mark.parametrize("engine", ["lean decoder", "engine"])
+def test_a_turn_cut_at_turn_tokens_is_answered_and_the_episode_goes_on(talker, engine):
+    # A turn cut at turn_tokens used to end the whole episode; the turn ends, the environment
+    # answers it and the episode continues (Scripted is done after its third step).
+    from grpo.episodes import sample_episodes_on_engine
+    model, tok = talker
+    seen: list[str] = []
+
+    class Recording(Scripted):
+        def step(self, action):
+            seen.append(action)
+            return super().step(action)
+
+    limits = EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500)
+    torch.manual_seed(0)
+    if engine == "lean decoder":
+        r = sample_episodes(model, tok, ["guess 3:"], [{}], 2, make_env=Recording, tools={},
+                            call_format="plain", limits=limits)
+    else:
+        def turns(histories, room, stop):        # one greedy token a turn: never EOS after a digit
+            out = []
+            for h, n in zip(histories, room):
+                logits = model(torch.tensor([h])).logits[0, -1]
+                token = int(logits.argmax())
+                out.append(([token], [float(torch.log_softmax(logits, -1)[token])],
+                            token != tok.eos_token_id))
+            return out
+        r = sample_episodes_on_engine(turns, tok, ["guess 3:"], [{}], 2, make_env=Recording,
+                                      tools={}, call_format="plain", limits=limits, temperature=1.0)
+    assert r.episodes["turns"] == [3, 3] and not r.truncated.any()
+    assert r.episodes["turn_rewards"] == [[0.5, 1.0, 1.5]] * 2
+    assert len(seen) == 6 and all(len(tok(a, add_special_tokens=False).input_ids) <= 1 for a in seen)
 
 
 def hand_episodes(turn_ends, turn_rewards, truncated, T):

@@ -18,8 +18,10 @@ A group's episodes advance together, turn by turn, on one KV cache (decoder.Deco
             (a turn costs its new tokens, never a new prefill of the history)
 
 A turn ends at EOS, at the call format's closing tag (`</call>`, `</tool_call>`), or at
-`turn_tokens`; an episode ends when the environment says so, when a turn without a call has no
-environment to answer it, after `max_turns`, or at `episode_tokens`. An episode cut by a limit is
+`turn_tokens`, and is answered however it ended (a turn cut at `turn_tokens` goes to its calls or
+the environment like any other); an episode ends when the environment says so, when a turn without
+a call has no environment to answer it, after `max_turns`, or at `episode_tokens`. An episode cut by
+a limit (`max_turns`, `episode_tokens`, or a turn cut at `turn_tokens` that nothing answers) is
 `truncated`, handled like a truncated completion (`mask_truncated`, overlong shaping).
 """
 
@@ -65,6 +67,7 @@ class Episode:
     drawn: int = 0                                      # policy tokens drawn (index into uniforms)
     done: bool = False
     truncated: bool = False
+    turn_cut: bool = False      # the last turn ended at turn_tokens, not by itself
     tool_calls: int = 0
     tool_failures: int = 0
     env_failures: int = 0
@@ -116,6 +119,7 @@ def respond(ep: Episode, text: str, fmt: CallFormat, deadline_s: float) -> str |
     if ep.env is None:
         ep.turn_rewards.append(None)
         ep.done = True
+        ep.truncated = ep.turn_cut      # a turn cut at turn_tokens that nothing answers: truncated
         return None
     value, error = with_deadline(ep.env.step, deadline_s, text)
     if error is None:
@@ -180,8 +184,16 @@ def sample_episodes(model, tokenizer, prompts: list[str], rows: list[dict], grou
                        top_p if not greedy else 1.0)
 
 
+def end_turn(ep: Episode, cut: bool) -> None:
+    """The turn ends: by itself (EOS, a call's closing tag), or `cut` at `turn_tokens`. A cut turn is
+    answered like any other (its calls' results, else the environment's step) and the episode goes
+    on; only where nothing answers it does the episode end there, truncated (respond)."""
+    ep.turn_ends.append(len(ep.ids) - 1)
+    ep.turn_cut = cut
+
+
 def cut_turn(ep: Episode) -> None:
-    """End the episode in the middle of a turn, at a token limit: the turn is the last one, and it
+    """End the episode in the middle of a turn, at `episode_tokens`: the turn is the last one, and it
     ends here. The environment never sees a cut turn, so its reward entry is None, like a turn
     answered by a tool; with `turn_rewards` the episode's outcome is credited to it, as to any
     final turn (train.turn_advantages). One reward entry per turn end, whatever ended the turn."""
@@ -329,10 +341,10 @@ def sample_episodes_on_engine(generate_turns: Callable, tokenizer, prompts: list
             ep = episodes[i]
             ep.add(list(ids), by_policy=True, logprobs=list(logprobs))
             ep.drawn += len(ids)
-            if cut and not (ids and ids[-1] in eos):
-                cut_turn(ep)                        # cut mid-turn: the episode is truncated
-            else:
-                ep.turn_ends.append(len(ep.ids) - 1)
+            if cut and not (ids and ids[-1] in eos) and len(ep.ids) >= limits.episode_tokens:
+                cut_turn(ep)                        # the episode's budget is spent: truncated
+            else:                                   # a turn cut at turn_tokens ends; the episode goes on
+                end_turn(ep, cut=bool(cut and not (ids and ids[-1] in eos)))
         answers = _answer_turns([episodes[i] for i in live], tokenizer, fmt, limits,
                                 last=turn + 1 == limits.max_turns)
         for i, answer in zip(live, answers):
@@ -412,10 +424,13 @@ def _model_turn(lean, state, logits, batch, episodes, tokenizer, fmt: CallFormat
             if bool(torch.isin(chosen[r:r + 1], eos)) or (token in enders and tokenizer.decode(
                     turn[-stop_len:], skip_special_tokens=True).endswith(fmt.stop)):
                 ended[r] = True
-                ep.turn_ends.append(len(ep.ids) - 1)
-            elif len(ep.ids) >= limits.episode_tokens or len(turn) >= limits.turn_tokens:
+                end_turn(ep, cut=False)
+            elif len(ep.ids) >= limits.episode_tokens:
                 ended[r] = True
-                cut_turn(ep)                        # cut mid-turn: the episode is truncated
+                cut_turn(ep)                        # the episode's budget is spent: truncated
+            elif len(turn) >= limits.turn_tokens:
+                ended[r] = True
+                end_turn(ep, cut=True)              # the turn ends; the episode goes on
         valid = in_turn.clone()
         in_turn = in_turn & ~ended
         logits = lean.step(chosen, state, valid=valid)
