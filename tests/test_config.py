@@ -180,3 +180,110 @@ def test_the_demo_lr_on_a_large_model_is_noted_at_start():
     assert lines == ["lr=0.0005 is the demo's default, for its tiny model trained from scratch; this "
                      "model has 30M parameters: a pretrained model wants about lr=1e-6 "
                      "(docs/guides/troubleshooting.md)"]
+
+
+@pytest.mark.parametrize("arg, message", [
+    # a clip range: 1 - epsilon is the lowest ratio kept, so epsilon above 1 keeps none below 0
+    ("epsilon=2", r"^config key 'epsilon' must be in \[0, 1\], got 2.0"),
+    ("epsilon_high=-0.1", r"^config key 'epsilon_high' must be 0 or more, got -0.1"),
+    # a probability or a share
+    ("top_p=1.5", r"^config key 'top_p' must be in \(0, 1\], got 1.5"),
+    ("kl_cov_fraction=-0.1", r"^config key 'kl_cov_fraction' must be in \[0, 1\], got -0.1"),
+    ("ref_update_rate=0", r"^config key 'ref_update_rate' must be in \(0, 1\], got 0.0"),
+    ("overlong_buffer=1", r"^config key 'overlong_buffer' must be in \[0, 1\), got 1.0"),
+    ("vllm_gpu_memory_utilization=1", r"^config key 'vllm_gpu_memory_utilization' must be in \(0, 1\), got 1.0"),
+    # a temperature or a deadline
+    ("eval_temperature=0", r"^config key 'eval_temperature' must be above 0, got 0.0"),
+    ("sapo_tau_neg=-1", r"^config key 'sapo_tau_neg' must be above 0, got -1.0"),
+    ("tool_deadline_s=0", r"^config key 'tool_deadline_s' must be above 0, got 0.0"),
+    ("advantage_eps=0", r"^config key 'advantage_eps' must be above 0, got 0.0"),
+    # counts of at least 1, and of 0 or more
+    ("max_turns=0", r"^config key 'max_turns' must be at least 1, got 0"),
+    ("code_workers=0", r"^config key 'code_workers' must be at least 1, got 0"),
+    ("episode_tokens=-1", r"^config key 'episode_tokens' must be 0 or more, got -1"),
+    ("eval_size=-5", r"^config key 'eval_size' must be 0 or more, got -5"),
+    # a threshold above 1
+    ("clip_c=0.5", r"^config key 'clip_c' must be above 1, got 0.5"),
+    ("lora_alpha=0", r"^config key 'lora_alpha' must be above 0, got 0.0"),
+    # each element of a list
+    ("eval_k=[0]", r"^config key 'eval_k' must be at least 1, got 0"),
+])
+def test_each_kind_of_bound_names_the_key_the_value_and_the_range(arg, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [arg])
+
+
+def test_every_numeric_key_has_a_declared_bound_or_is_deliberately_unbounded():
+    import typing
+    from grpo.config import BOUNDS, UNBOUNDED
+    numeric = [key for key, (_, _, hint) in KEYS.items()
+               if hint in (int, float) or typing.get_args(hint) in ((int,), (float,))]
+    assert len(numeric) > 50
+    missing = [key for key in numeric if key not in BOUNDS and key not in UNBOUNDED]
+    assert not missing, f"declare a bound in config.BOUNDS (or why none in UNBOUNDED) for {missing}"
+    assert not set(BOUNDS) & set(UNBOUNDED)
+    assert set(BOUNDS) | set(UNBOUNDED) <= set(numeric)     # no entry for a key that is gone
+    assert all(why for why in UNBOUNDED.values())
+    # every bound admits its key's default: the demo itself passes
+    defaults = build_config({}).flat()
+    for key, bound in BOUNDS.items():
+        values = defaults[key] if isinstance(defaults[key], list) else [defaults[key]]
+        assert all(bound.holds(v) for v in values), key
+
+
+def test_a_misspelt_name_from_trl_suggests_the_key_it_is_called_here():
+    # before: "the nearest valid key is 'long_prompts'"
+    with pytest.raises(ConfigError, match=r"^unknown config key 'learnig_rate'; the nearest valid "
+                                          r"key is 'lr' \('learning_rate' is called 'lr' here\)"):
+        load_config(None, ["learnig_rate=1e-5"])
+    with pytest.raises(ConfigError, match=r"the nearest valid key is 'group_size' \('num_generation"):
+        load_config(None, ["num_generation=8"])
+    # a key of ours that is a near miss still wins over a foreign name
+    with pytest.raises(ConfigError, match=r"the nearest valid key is 'epsilon_high'$|'epsilon_high' \("):
+        load_config(None, ["epsilon_hihg=0.28"])
+
+
+@pytest.mark.parametrize("name, ours", [
+    ("kl_coef", "beta"), ("clip_ratio_low", "epsilon"), ("clip_ratio_high", "epsilon_high"),
+    ("kl_loss_coef", "beta"), ("ppo_epochs", "num_iterations"), ("total_training_steps", "steps"),
+    ("rollout_rs_threshold_lower", "correction_cap_low"), ("lora_rank", "lora_r"),
+])
+def test_names_from_verl_point_at_our_key(name, ours):
+    with pytest.raises(ConfigError, match=rf"^unknown config key '{name}': it is called '{ours}' here"):
+        load_config(None, [f"{name}=1"])
+
+
+def test_a_nested_section_says_the_config_is_flat_and_names_the_keys(tmp_path):
+    f = tmp_path / "verl.yaml"
+    f.write_text("actor_rollout_ref:\n  model:\n    path: Qwen/Qwen2.5-0.5B\n  actor:\n"
+                 "    optim:\n      lr: 1.0e-6\n    clip_ratio_high: 0.28\n  rollout:\n    n: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f))
+    assert str(e.value) == (
+        "config key 'actor_rollout_ref' holds a nested section, and the config is flat: write each "
+        "key at the top level: 'model.path' as 'model', 'actor.optim.lr' as 'lr', "
+        "'actor.clip_ratio_high' as 'epsilon_high', 'rollout.n' as 'group_size' "
+        "(`grpo train --help` lists them all)")
+    # one of our own keys given as a section
+    f.write_text("model:\n  name: Qwen/Qwen2.5-0.5B\n  lora_r: 8\n  seeds: 3\n")
+    with pytest.raises(ConfigError, match=r"^config key 'model' holds a nested section, and the config "
+                                          r"is flat: write each key at the top level: 'name' as "
+                                          r"'model', 'lora_r' as 'lora_r', 'seeds' is not a key here"):
+        load_config(str(f))
+
+
+def test_a_dotted_key_says_the_config_is_flat():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'trainer.lr': the config is flat: "
+                                          r"write 'lr'"):
+        load_config(None, ["trainer.lr=1e-6"])
+    with pytest.raises(ConfigError, match=r"^unknown config key 'actor_rollout_ref.rollout.n': the "
+                                          r"config is flat: write 'group_size'"):
+        load_config(None, ["actor_rollout_ref.rollout.n=8"])
+
+
+def test_a_duplicate_yaml_key_is_an_error_naming_both_lines(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("group_size: 4\nlr: 1.0e-5\n# later\ngroup_size: 16\n")
+    with pytest.raises(ConfigError, match=r"^.*run.yaml:4: config key 'group_size' is given twice "
+                                          r"\(lines 1 and 4\); keep one"):
+        load_config(str(f))

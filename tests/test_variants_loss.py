@@ -800,8 +800,8 @@ def test_covariance_presets_set_the_papers_settings():
 
 
 @pytest.mark.parametrize("keys, message", [
-    (["clip_cov_fraction=1.5"], "'clip_cov_fraction' is a share of the batch's tokens in \\[0, 1\\]"),
-    (["kl_cov_fraction=-0.1"], "'kl_cov_fraction' is a share"),
+    (["clip_cov_fraction=1.5"], "'clip_cov_fraction' must be in \\[0, 1\\], got 1.5: a share of the batch's tokens"),
+    (["kl_cov_fraction=-0.1"], "'kl_cov_fraction' must be in \\[0, 1\\], got -0.1: a share"),
     (["clip_cov_low=6", "clip_cov_high=5"], "'clip_cov_low' \\(6.0\\) and 'clip_cov_high' \\(5.0\\)"),
     (["kl_cov_coef=-1"], "'kl_cov_coef' must be 0 or more"),
     (["advantage=reinforce_pp", "turn_rewards=true"], "reinforce_pp builds each token's return"),
