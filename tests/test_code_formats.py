@@ -802,3 +802,60 @@ def test_each_zero_the_program_caused_is_counted_by_cause(reward):
                              "reward/code_tests/zero/rejected": 1,
                              "reward/code_tests/zero/timeout": 1}
     assert faults.take() == {}
+
+
+# ---- Output past the cap, and functions named like standard-library modules --------------------
+
+@needs_sandbox
+@pytest.mark.parametrize("name", ["apps", "codecontests", "livecodebench", "own"])
+def test_output_that_hit_the_cap_fails(reward, name):
+    # the right answer, then blank lines past the cap (twice the expected output plus 4 KiB), then
+    # a wrong line: compared after the cut, the first part alone passed
+    case = {"input": "2\n", "output": "4\n"}
+    row = {"apps": {"input_output": json.dumps({"inputs": ["2\n"], "outputs": ["4\n"]})},
+           "codecontests": {"public_tests": json.dumps({"input": ["2\n"], "output": ["4\n"]})},
+           "livecodebench": {"public_test_cases": json.dumps([{**case, "testtype": "stdin"}])},
+           "own": {"tests": [case]}}[name]
+    right = "print(2 * int(input()))\n"
+    assert score(reward, row, right, prompt="") == 1.0
+    assert score(reward, row, right + "print('\\n' * 200_000)\nprint(5)\n", prompt="") == 0.0
+    assert score(reward, row, right + "print(' ' * 200_000)\n", prompt="") == 0.0
+
+
+# HumanEval's check(candidate) and MBPP's asserts calling a function whose name is also a module
+# of the standard library: the program's function is the one called
+STDLIB_NAMED = {
+    "token": ("def token(s):\n    return s.split()[0]\n",
+              "    assert candidate('a b') == 'a'\n    assert candidate('xy z') == 'xy'\n",
+              ["assert token('a b') == 'a'", "assert token('xy z') == 'xy'"]),
+    "array": ("def array(n):\n    return list(range(n))\n",
+              "    assert candidate(3) == [0, 1, 2]\n",
+              ["assert array(3) == [0, 1, 2]", "assert len(array(5)) == 5"]),
+    "string": ("def string(n):\n    return 'ab' * n\n", "    assert candidate(2) == 'abab'\n",
+               ["assert string(2) == 'abab'"]),
+    "random": ("def random(xs):\n    return sorted(xs)[0]\n", "    assert candidate([3, 1]) == 1\n",
+               ["assert random([3, 1]) == 1"]),
+}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name", sorted(STDLIB_NAMED))
+def test_a_function_named_like_a_stdlib_module_is_the_programs(reward, name):
+    program, check_body, asserts = STDLIB_NAMED[name]
+    humaneval = {"entry_point": name, "test": "def check(candidate):\n" + check_body}
+    mbpp = {"test_list": asserts}
+    wrong = f"def {name}(*args):\n    return None\n"
+    for row in (humaneval, mbpp):
+        assert score(reward, row, fenced(program), prompt="") == 1.0
+        assert score(reward, row, fenced(wrong), prompt="") == 0.0
+
+
+@needs_sandbox
+def test_a_module_name_the_tests_read_attributes_of_is_never_the_programs(reward):
+    # `math.isclose` in the tests: the program's function `math` is not the module, whatever it is
+    row = {"test_list": ["assert math.isclose(area(1), 3.141592653589793)"]}
+    fake = ("class math:\n    isclose = staticmethod(lambda *a, **k: True)\n"
+            "def area(r):\n    return 0\n")
+    assert score(reward, row, fake, prompt="") == 0.0
+    assert score(reward, row, "import math\ndef area(r):\n    return math.pi * r * r\n",
+                 prompt="") == 1.0

@@ -642,13 +642,17 @@ class CodeTests:
         results = (payload or {}).get("results", [])
         if not isinstance(results, list):
             return 0, len(spec.outputs)
+        if any(isinstance(r, dict) and r.get("cut") for r in results):
+            faults.count("code_tests", "output_too_long")
         passed = 0
         compare = OUTPUT_RULES[spec.grader] if spec.mode == "stdio" else VALUE_RULES[spec.grader]
         for k, expected in enumerate(spec.outputs):
             got = results[k] if k < len(results) and isinstance(results[k], dict) else {}
             try:
                 if spec.mode == "stdio":
-                    passed += isinstance(got.get("out"), str) and compare(got["out"], expected)
+                    # output that hit the cap fails: what was cut off could be anything
+                    passed += (isinstance(got.get("out"), str) and "cut" not in got
+                               and compare(got["out"], expected))
                 elif "value" in got:
                     passed += compare(decode(got["value"]), expected)
             except Exception:  # noqa: BLE001 - a malformed value, or one that cannot be compared

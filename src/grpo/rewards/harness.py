@@ -219,6 +219,25 @@ def _defines(code: str, name: str) -> bool:
                    isinstance(t, ast.Name) and t.id == name for t in n.targets) for n in tree.body)
 
 
+def _attribute_bases(*sources: str):
+    """The names whose attributes `sources` read (`math` in `math.isclose(...)`), which the tests
+    therefore use as modules; every name, as far as anyone asks, when a source does not parse."""
+    import ast
+
+    class Everything:
+        def __contains__(self, name):
+            return True
+    bases = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except Exception:  # noqa: BLE001 - SyntaxError, RecursionError: fail closed
+            return Everything()
+        bases.update(node.value.id for node in ast.walk(tree)
+                     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name))
+    return bases
+
+
 def program_process(requests: int, replies: int) -> None:
     """The program's side of `tests`: load the program, then answer the tests' requests until
     they stop. Forked before the job was read; runs the program's code and nothing of the tests."""
@@ -453,15 +472,17 @@ def run_tests(job, send, link_fds):
         flags.append(str(names["error"])[:200])
         return send({"flags": flags, **records})
     tests = {"__name__": "__main__", "__builtins__": builtins}
+    read_as_modules = _attribute_bases(job["test"], job.get("helpers", ""))
     for name, what in names["names"].items():
         if not isinstance(name, str) or not isinstance(what, dict) or name.startswith("__") \
                 or not name.isidentifier():
             continue         # `__name__`, `__builtins__` and the recorders are the tests' own
         if name in vars(builtins) and name != entry:
             continue         # the program's own `abs` or `set` never stands in for the builtin
-        if name in sys.stdlib_module_names:
-            # a module's name is only ever the real module, imported here: never the program's
-            # class or value of that name (a `class math` answering `isclose`)
+        if name in sys.stdlib_module_names and ("module" in what or name in read_as_modules):
+            # a module's name that the tests use as a module (`math.isclose`) is only ever the
+            # real module, imported here: never the program's class or value of that name (a
+            # `class math` answering `isclose`); one they only call (`token(s)`) is the program's
             if "module" in what and what["module"] == name and name not in ("antigravity", "this"):
                 try:
                     tests[name] = __import__(name)
