@@ -35,6 +35,9 @@ from grpo.episodes import EpisodeLimits, shown_tools
 from grpo.tools import Tool, ToolError, resolve_tools
 
 
+TASK_EVAL_SIZE = 200   # held-out rows of a built-in task scored when eval_size is unset (0)
+
+
 @dataclass
 class Agent:
     """What a multi-turn run needs to sample episodes (episodes.py)."""
@@ -64,6 +67,8 @@ class Data:
     agent: Agent | None = None                  # tools and/or an environment: episodes
     reward_uses: list = field(default_factory=list)   # [RewardUse]: each term and its source
     accuracy_source: str = ""                   # what eval/accuracy is scored with, and why
+    eval_rows_available: int = 0                # held-out rows before the eval_size cut
+    eval_fns: list[RewardFn] = field(default_factory=list)   # eval_rewards=, each one's mean logged
 
 
 def seed_everything(seed: int) -> None:
@@ -162,6 +167,48 @@ def resolve_model(config: TrainConfig, run_dir: Path | None,
         where = run_dir / "base_model" if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-tiny-"))
         return str(make(where, seed=config.run.seed))
     return name
+
+
+RUN_FILES = ("final", "checkpoints", "metrics.jsonl")   # beside config.yaml, they make a run directory
+
+
+def run_dir_of(path: str | Path) -> Path | None:
+    """The run directory `path` names (the directory, or the config.yaml in it): one that holds
+    config.yaml and a run's files; None for anything else."""
+    path = Path(path).expanduser()
+    where = path.parent if path.name == "config.yaml" and path.is_file() else path
+    if (where / "config.yaml").is_file() and any((where / name).exists() for name in RUN_FILES):
+        return where
+    return None
+
+
+def run_weights(run_dir: Path, log: Callable[[str], None] = to_stderr) -> Path:
+    """A run's trained weights, for load_model_and_tokenizer as `model`: final/merged (lora_merge),
+    else final/ (with LoRA, the adapter the loader puts on its base), else the newest checkpoint
+    whose manifest verifies, said in `log`."""
+    from grpo.checkpoint import newest_valid
+    final = run_dir / "final"
+    if (final / "merged").is_dir():
+        return final / "merged"
+    if final.is_dir():
+        return final
+    newest = newest_valid(run_dir / "checkpoints", log)
+    if newest is None:
+        raise ConfigError(f"run {run_dir} has no trained weights yet (no final/, no valid "
+                          "checkpoints/step-N/); continue it with resume=auto or give model=DIR")
+    log(f"run {run_dir} has no final/ (it stopped before its end): using its newest checkpoint, "
+        f"{newest}")
+    return newest
+
+
+def run_settings(run_dir: Path, log: Callable[[str], None] = to_stderr) -> dict:
+    """The keys a run was trained with (its config.yaml), less any this version does not know."""
+    from grpo.config import KEYS, load_yaml
+    saved = load_yaml(run_dir / "config.yaml")
+    unknown = sorted(k for k in saved if k not in KEYS)
+    if unknown:
+        log(f"{run_dir / 'config.yaml'}: leaving out keys this version does not have: {unknown}")
+    return {k: v for k, v in saved.items() if k in KEYS}
 
 
 def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None,
@@ -276,10 +323,12 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split)
     else:
         eval_rows = task.eval_rows() if task is not None else []
-    eval_rows = eval_rows[: d.eval_size]
+    available = len(eval_rows)
+    eval_rows = eval_rows[: d.eval_size or (TASK_EVAL_SIZE if not d.eval_dataset else None)]
     env_name = config.agent.environment or (reward_name(environment) if environment else "")
     reward_fns, uses = choose_rewards(config, reward_fns, task, env_name)
-    accuracy_fn, accuracy_source = choose_accuracy(config, reward_fns, task, env_name)
+    eval_fns = [resolve_reward(name, config) for name in config.eval.eval_rewards]
+    accuracy_fn, accuracy_source = choose_accuracy(config, reward_fns, task, env_name, eval_fns)
     if check_golds_now and d.dataset and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows, d.answer_column)
     if check_golds_now and d.eval_dataset and accuracy_fn is math_accuracy:
@@ -293,10 +342,23 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
                        environment)
     _AGENTS[id(config)] = (config, agent)
     data = Data(train_rows, eval_rows, reward_fns, weights, accuracy_fn, demonstrations, agent=agent,
-                reward_uses=uses, accuracy_source=accuracy_source)
+                reward_uses=uses, accuracy_source=accuracy_source, eval_rows_available=available,
+                eval_fns=eval_fns)
     if log is not None:
         log(reward_line(data))
+        if (cut := eval_cut_line(config, data)) is not None:
+            log(cut)
     return data
+
+
+def eval_cut_line(config: TrainConfig, data: Data) -> str | None:
+    """The held-out rows an evaluation leaves out, in one line; None when it scores them all."""
+    if len(data.eval_rows) >= data.eval_rows_available:
+        return None
+    why = (f"eval_size={config.data.eval_size}" if config.data.eval_size else
+           f"eval_size unset: a built-in task's first {TASK_EVAL_SIZE}")
+    return (f"evaluating the first {len(data.eval_rows)} of {data.eval_rows_available} held-out "
+            f"rows ({why}; eval_size=N sets how many, logged as eval/n of eval/rows)")
 
 
 def choose_rewards(config: TrainConfig, given: list[RewardFn] | None, task, env_name: str
@@ -332,11 +394,14 @@ def choose_rewards(config: TrainConfig, given: list[RewardFn] | None, task, env_
     return fns, uses
 
 
-def choose_accuracy(config: TrainConfig, reward_fns: list[RewardFn], task, env_name: str
-                    ) -> tuple[RewardFn | None, str]:
-    """What `eval/accuracy` scores held-out completions with, and why: code_tests when it is the
-    first reward; the environment's episode reward when it is the only one (None); math_accuracy
-    for rows from a file (`dataset`, `eval_dataset`); else the task's own reward."""
+def choose_accuracy(config: TrainConfig, reward_fns: list[RewardFn], task, env_name: str,
+                    eval_fns: list[RewardFn] = ()) -> tuple[RewardFn | None, str]:
+    """What `eval/accuracy` scores held-out completions with, and why: the first of
+    `eval_rewards` when set; code_tests when it is the first reward; the environment's episode
+    reward when it is the only one (None); math_accuracy for rows from a file (`dataset`,
+    `eval_dataset`); else the task's own reward."""
+    if eval_fns:
+        return eval_fns[0], f"{reward_name(eval_fns[0])} (eval_rewards=)"
     if reward_fns and reward_name(reward_fns[0]) == "code_tests":
         return reward_fns[0], "code_tests, the first of the rewards"
     if env_name and not reward_fns:

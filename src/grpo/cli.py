@@ -4,8 +4,10 @@
     grpo train ... --print-config               print the resolved config (presets applied), run nothing
     torchrun --nproc-per-node N -m grpo train ...   the same run on N processes (distributed.py)
     grpo sft   [CONFIG.yaml] [key=value ...]    cold-start supervised tuning only
-    grpo eval  [CONFIG.yaml] [key=value ...]    held-out accuracy of a model: greedy, or n samples
-                                                for pass@1, pass@k, maj@k (eval_samples, eval_k)
+    grpo eval  [CONFIG.yaml | RUN_DIR] [key=value ...] [--out FILE]
+                                                held-out accuracy of a model, or of a run's weights
+                                                with its settings: greedy, or n samples for pass@1,
+                                                pass@k, maj@k (eval_samples, eval_k)
     grpo score dataset=FILE [key=value ...] [--completions COLUMN]
                                                 score given completions with the reward functions:
                                                 per-row results and pass@k, no model
@@ -108,14 +110,13 @@ def cmd_sft(args: list[str], options: dict) -> None:
 
 
 def cmd_eval(args: list[str], options: dict) -> None:
-    from pathlib import Path
-
     from grpo import build
-    from grpo.evaluate import evaluate
+    from grpo.evaluate import eval_setup, evaluate, results_file, say_replacing
     from grpo.progress import Progress, to_stderr
     from grpo.sampling import HFSampler
-    config = _config(args)
     said: list[str] = []                 # shown once the model loads: an error is one line alone
+    setup = eval_setup(*_checked_args(args), log=said.append)   # a run: its weights and settings
+    config = setup.config
     data = build.load_data(config, log=said.append)
     if not data.eval_rows:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
@@ -132,18 +133,19 @@ def cmd_eval(args: list[str], options: dict) -> None:
                                  make_env=agent.make_env)
     else:
         sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
-    rows_file = Path(config.eval.eval_output or Path(config.run.output_dir) / "eval.jsonl")
+    rows_file = results_file(setup, options.get("out"))
+    say_replacing(rows_file)
     results: list[dict] = []
     with Progress("eval", len(data.eval_rows), to_stderr) as bar:
         evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0,
                  on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
                  rows_file=rows_file)
-    print(strict_json({**results[0], "rows_file": str(rows_file)}))
+    print(strict_json({**results[0], "model": config.model.model, "rows_file": str(rows_file)}))
 
 
 def cmd_score(args: list[str], options: dict) -> None:
     from grpo.score import score_file
-    print(strict_json(score_file(args, options.get("completions"))))
+    print(strict_json(score_file(args, options.get("completions"), options.get("out"))))
 
 
 def cmd_bench(args: list[str], options: dict) -> None:
@@ -220,10 +222,15 @@ COMMANDS: dict[str, Command] = {
                    "dataset's `completion` column; writes OUTPUT_DIR/final.", PRINT_CONFIG,
                    {"model": ALL, "data": PROMPT_DATA, "agent": {"tools", "environment", "tool_format"},
                     "run": {"sft_steps", "sft_lr", "sft_batch_size", "seed", "output_dir", "threads"}}),
-    "eval": Command(cmd_eval, "grpo eval [CONFIG.yaml] [key=value ...]",
+    "eval": Command(cmd_eval, "grpo eval [CONFIG.yaml | RUN_DIR] [key=value ...] [--out FILE]",
                     "Held-out accuracy of a model, one JSON line: greedy, or eval_samples=N for "
-                    "pass@1, pass@k and maj@k; every row's completions and scores to eval_output "
-                    "(default OUTPUT_DIR/eval.jsonl).", PRINT_CONFIG,
+                    "pass@1, pass@k and maj@k. A run (its directory or config.yaml, or "
+                    "model=RUN_DIR) is evaluated with its trained weights (final/, else its newest "
+                    "checkpoint) and the keys it was trained with; keys given here win. Every row's "
+                    "completions and scores go beside what was evaluated (RUN_DIR/eval.jsonl, "
+                    "NAME-eval.jsonl beside a model directory) or to --out.",
+                    {"--out": ("FILE", "where the per-row results go (as eval_output)"),
+                     **PRINT_CONFIG},
                     {"model": ALL, "data": ALL, "sampling": {"max_new_tokens"}, "reward": ALL,
                      "eval": ALL, "agent": ALL, "run": {"seed", "output_dir", "threads"}}),
     "score": Command(cmd_score, "grpo score [CONFIG.yaml] dataset=FILE [key=value ...] "
@@ -232,11 +239,12 @@ COMMANDS: dict[str, Command] = {
                      "solutions) with the reward functions, no model: the rows have the dataset's "
                      "columns plus a completion, or a list of completions, each. Prints one JSON "
                      "line (pass@1, pass@k for eval_k, maj@k, each function's mean); every row's "
-                     "scores go to eval_output (default OUTPUT_DIR/score.jsonl). Rewards see each "
+                     "scores go beside the file (FILE-score.jsonl) or to --out. Rewards see each "
                      "prompt as written in the file.",
                      {"--completions": ("COLUMN", "the column of completions (text, or a list of "
-                                                  "texts per row); default `completion`, else "
-                                                  "`completions`")},
+                                                  "texts per row), any column as the file names "
+                                                  "it; default `completion`, else `completions`"),
+                      "--out": ("FILE", "where the per-row results go (as eval_output)")},
                      {"data": PROMPT_DATA - {"task", "system_prompt", "long_prompts"},
                       "reward": ALL, "eval": {"eval_k", "eval_output"}, "run": {"output_dir"}}),
     "bench": Command(cmd_bench, "grpo bench [CONFIG.yaml] [key=value ...]",
@@ -355,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             if command == "explain":    # with the demo's keys where no model is given
                 from grpo.explain import config_for
                 config = config_for(*_checked_args(rest))[0]
+            elif command == "eval":     # a run named: its weights and settings
+                from grpo.evaluate import eval_setup
+                config = eval_setup(*_checked_args(rest)).config
             else:
                 config = _config(rest)
             print(to_yaml(config), end="")

@@ -94,8 +94,10 @@ class DataConfig:
     """A prompt whose tokens plus max_new_tokens exceed the model's context: `error` stops at load
     naming the row and counting them all; `skip` leaves such rows out and counts them (said louder
     when that is most of them). Prompts are never truncated."""
-    eval_size: int = 200
-    """Number of held-out prompts scored at each evaluation."""
+    eval_size: int = 0
+    """Held-out prompts scored at each evaluation, the first N of them; 0 scores every row of
+    `eval_dataset`, and the first 200 of a built-in task's held-out split. A cut is said when the
+    evaluation starts and logged as `eval/n` of `eval/rows`."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +139,17 @@ class EvalConfig:
     """k values for pass@k (the unbiased estimator of Chen et al. 2021) and maj@k (majority vote
     over the first k samples' extracted answers); each at most eval_samples."""
     eval_output: str = ""
-    """`grpo eval` and `grpo score`: the per-row results as JSONL; empty writes
-    OUTPUT_DIR/eval.jsonl (score.jsonl). During training each evaluation writes
-    OUTPUT_DIR/eval/step-N.jsonl."""
+    """`grpo eval` and `grpo score`: the per-row results as JSONL (or --out FILE); empty writes
+    them beside what was evaluated: RUN_DIR/eval.jsonl for a run, NAME-eval.jsonl beside a model
+    directory NAME (./NAME-eval.jsonl for a hub model), FILE-score.jsonl beside a scored FILE, or
+    OUTPUT_DIR/eval.jsonl (score.jsonl) when output_dir is given. A file replaced is said. During
+    training each evaluation writes OUTPUT_DIR/eval/step-N.jsonl."""
+    eval_rewards: list[str] = field(default_factory=list)
+    """Reward functions `eval/accuracy` scores held-out completions with, named as in `rewards`
+    (built-ins, `module:function`, ...); pass@k and maj@k use the first, and each one's mean is
+    logged as `eval/reward/NAME/mean`. Empty: code_tests when it is the first reward, an
+    environment's episode reward when it is the only one, math_accuracy for rows from a file, else
+    the task's own reward."""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """Held-out evaluation, as papers and leaderboards report it.
 
 With `eval_samples=1` (the default) each prompt gets one greedy completion and `eval/accuracy` is
-the mean of the accuracy reward (build.choose_accuracy; in a run on an environment's reward alone,
-the environment's episode reward). With n > 1 each prompt gets n completions sampled at
-`eval_temperature`, and the metrics are pass@1 (the mean over samples) with its spread over the
-sample positions, pass@k for every k in `eval_k` (unbiased estimator) and, for tasks whose answers
-can be extracted, maj@k (passk.py). Sampling for evaluation draws from its own random generator,
-seeded by the run's seed and the step, so it neither depends on nor disturbs training's.
+the mean of the accuracy reward (build.choose_accuracy: the first of `eval_rewards` when set; in a
+run on an environment's reward alone, the environment's episode reward), and each of
+`eval_rewards` has its mean as `eval/reward/NAME/mean`. `eval/n` counts the prompts scored and
+`eval/rows` those the held-out data holds, so a cut by `eval_size` shows in every record.
+With n > 1 each prompt gets n completions sampled at `eval_temperature`, and the metrics are
+pass@1 (the mean over samples) with its spread over the sample positions, pass@k for every k
+in `eval_k` (unbiased estimator) and, for tasks whose answers can be extracted, maj@k (passk.py).
+Sampling for evaluation draws from its own random generator, seeded by the run's seed and the
+step, so it neither depends on nor disturbs training's.
 Every row's completions, scores and answers go to a JSONL file.
 """
 
@@ -14,16 +17,18 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from grpo import build
-from grpo.config import TrainConfig
+from grpo.config import TrainConfig, build_config, load_yaml, parse_overrides
 from grpo.data import columns_of
 from grpo.passk import summarize
-from grpo.rewards import reward_name
+from grpo.progress import to_stderr
+from grpo.rewards import reward_name, unique_names
 from grpo.rewards.answers import extract_answer
 
 BATCH_COMPLETIONS = 64   # completions per sampling call
@@ -53,16 +58,23 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
     with_votes = not by_environment and reward_name(data.accuracy_fn) != "code_tests"
     per_call = max(1, BATCH_COMPLETIONS // n)
     results: list[dict] = []
+    names = unique_names(data.eval_fns)
+    per_fn: dict[str, list[float]] = {name: [] for name in names}   # eval_rewards: scored values
     device = next(sampler.model.parameters()).device if hasattr(sampler, "model") else None
     with sampling_at(sampler, c.eval.eval_temperature, c.run.seed * 1_000_003 + step, device):
         for start in range(0, len(data.eval_rows), per_call):
             rows = data.eval_rows[start:start + per_call]
             rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), n, greedy=n == 1,
                                      rows=rows)
+            columns = columns_of(rows, n)
             if by_environment:
                 scores = [0.0 if r is None else float(r) for r in rollout.episodes["env_reward"]]
             else:
-                scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns_of(rows, n))
+                scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns)
+            for name, fn in zip(names, data.eval_fns):
+                values = scores if fn is data.accuracy_fn else fn(rollout.prompts,
+                                                                  rollout.completions, **columns)
+                per_fn[name] += [float(v) for v in values if v is not None]
             calls = rollout.episodes["tool_calls"] if rollout.episodes else None
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]
@@ -77,6 +89,10 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
                 so_far = summarize(results, [], with_votes)["eval/accuracy"]
                 on_batch(start + len(rows), so_far)
     metrics = summarize(results, list(c.eval.eval_k), with_votes)
+    metrics["eval/rows"] = float(max(data.eval_rows_available, len(data.eval_rows)))
+    for name, values in per_fn.items():
+        if values:   # every completion unscorable: counted in eval/unscorable, no mean to log
+            metrics[f"eval/reward/{name}/mean"] = sum(values) / len(values)
     episodes = [k for r in results for k in r.get("tool_calls", [])]
     if episodes:   # an agent task: the share of held-out episodes that called a tool
         metrics["eval/tool_use_frac"] = sum(k > 0 for k in episodes) / len(episodes)
@@ -96,3 +112,76 @@ def write_rows(path: str | Path, results: list[dict]) -> None:
         for r in results:
             f.write(json.dumps(r, default=str) + "\n")
     partial.replace(path)
+
+
+# ---------------------------------------------------------------- `grpo eval`: what, and where to
+
+
+@dataclass(frozen=True)
+class EvalSetup:
+    """What `grpo eval` evaluates: the config (a run's own when a run is named), the run whose
+    weights are evaluated (None for a model directory or hub name) and the keys the user set."""
+    config: TrainConfig
+    run_dir: Path | None
+    given: frozenset[str]
+
+
+def eval_setup(path: str | None, overrides: list[str],
+               log: Callable[[str], None] = to_stderr) -> EvalSetup:
+    """`grpo eval [CONFIG.yaml] [key=value ...]`. A run named by its directory or its config.yaml
+    (as CONFIG), or by model=RUN_DIR, is evaluated with its trained weights (build.run_weights)
+    and the keys it was trained with; keys in the user's own config file, then on the command
+    line, win over the run's. Anything else is the config as every command reads it."""
+    on_line = parse_overrides(overrides)
+    config_run = build.run_dir_of(path) if path is not None else None
+    from_file = load_yaml(path) if path is not None and config_run is None else {}
+    given = {**from_file, **on_line}
+    model = given.get("model")
+    run_dir = build.run_dir_of(str(model)) if model is not None else config_run
+    if config_run is None and run_dir is None:
+        return EvalSetup(build_config(given), None, frozenset(given))
+    saved = build.run_settings(config_run or run_dir, log)
+    for key in NOT_EVALUATION_SETTINGS:
+        saved.pop(key, None)
+    values = {**saved, **given}
+    if run_dir is not None:
+        values["model"] = str(build.run_weights(run_dir, log))
+    return EvalSetup(build_config(values), run_dir, frozenset(given))
+
+
+# A run's keys that say where it wrote and how it trained, not what its evaluation is: its output
+# goes beside the run, and lora_r would put a fresh adapter on the weights being evaluated.
+NOT_EVALUATION_SETTINGS = ("output_dir", "eval_output", "resume", "lora_r")
+
+
+def results_file(setup: EvalSetup, out: str | None = None) -> Path:
+    """Where `grpo eval` writes its per-row results: --out or eval_output; OUTPUT_DIR/eval.jsonl
+    when output_dir is given; else beside what is evaluated: RUN_DIR/eval.jsonl for a run's
+    final/ (eval-step-N.jsonl for a checkpoint), NAME-eval.jsonl beside a model directory NAME,
+    ./NAME-eval.jsonl for a hub model."""
+    c = setup.config
+    if out or c.eval.eval_output:
+        return Path(out or c.eval.eval_output)
+    if "output_dir" in setup.given:
+        return Path(c.run.output_dir) / "eval.jsonl"
+    model = Path(c.model.model).expanduser()
+    if setup.run_dir is not None:
+        at_checkpoint = model.parent.name == "checkpoints"
+        return setup.run_dir / (f"eval-{model.name}.jsonl" if at_checkpoint else "eval.jsonl")
+    return beside(model, "eval")
+
+
+def beside(thing: Path, what: str) -> Path:
+    """THING-what.jsonl next to a local file or directory (its data suffixes dropped), else in the
+    working directory under the last part of its name."""
+    name = thing.name
+    for suffix in (".gz", ".bz2", ".xz", ".zst", ".jsonl", ".json", ".parquet", ".csv"):
+        name = name.removesuffix(suffix)
+    where = thing.parent if thing.exists() else Path(".")
+    return where / f"{name or 'model'}-{what}.jsonl"
+
+
+def say_replacing(path: Path, log: Callable[[str], None] = to_stderr) -> None:
+    """Nothing is overwritten unsaid."""
+    if path.exists():
+        log(f"replacing {path} (written earlier)")

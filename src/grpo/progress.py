@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 
@@ -62,6 +63,18 @@ class Progress:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+    @contextmanager
+    def paused(self):
+        """The live bar off the screen while another one (an evaluation's) runs, then back."""
+        if self.bar is None:
+            yield
+            return
+        self.bar.stop()
+        try:
+            yield
+        finally:
+            self.bar.start()
 
     def update(self, done: int, line: str) -> None:
         """`done` units of `total` are finished; `line` is the compact metrics line."""

@@ -18,18 +18,19 @@ from pathlib import Path
 
 from grpo import build
 from grpo.config import ConfigError, load_config, load_yaml, parse_overrides
-from grpo.data import DataError, columns_of
-from grpo.evaluate import write_rows
+from grpo.data import DataError, columns_of, load_table
+from grpo.evaluate import beside, say_replacing, write_rows
 from grpo.passk import summarize
 from grpo.rewards import extract_answer, reward_name, score
 
 COMPLETION_COLUMNS = ("completion", "completions")
 
 
-def score_file(args: list[str], column: str | None = None) -> dict:
+def score_file(args: list[str], column: str | None = None, out: str | None = None) -> dict:
     """`grpo score [CONFIG.yaml] dataset=FILE [key=value ...]`: score every row's completions in
-    `column`; write the per-row results (eval_output, default OUTPUT_DIR/score.jsonl) and return
-    the metrics with the results' path."""
+    `column` (any column, as the file names it); write the per-row results (`out` or
+    eval_output; OUTPUT_DIR/score.jsonl when output_dir is given; else FILE-score.jsonl beside
+    the file) and return the metrics with the results' path."""
     path, overrides = (args[0], args[1:]) if args and "=" not in args[0] else (None, args)
     given = {**(load_yaml(path) if path else {}), **parse_overrides(overrides)}
     extra = []
@@ -42,13 +43,16 @@ def score_file(args: list[str], column: str | None = None) -> dict:
                           "dataset=FILE (rows with the dataset's columns and a completion each)")
     data = build.load_data(config)
     rows = sorted(data.train_rows, key=lambda r: r["_row"])     # as in the file
-    column = column or next((c for c in COMPLETION_COLUMNS if c in rows[0]), None)
-    if column is None or column not in rows[0]:
-        have = sorted(k for k in rows[0] if k not in ("_row",))
-        raise DataError(f"{config.data.dataset}: no completion column "
+    d = config.data
+    table = load_table(d.dataset, d.dataset_config, d.dataset_split)   # the columns as the file names them
+    column = column or next((c for c in COMPLETION_COLUMNS if c in table.column_names), None)
+    if column is None or column not in table.column_names:
+        raise DataError(f"{d.dataset}: no completion column "
                         f"{' or '.join(repr(c) for c in ([column] if column else COMPLETION_COLUMNS))} (columns: "
-                        f"{have}); name it with --completions COLUMN")
-    per_row = [completions_of(row, column, config.data.dataset) for row in rows]
+                        f"{sorted(table.column_names)}); name it with --completions COLUMN")
+    texts = table[column]
+    per_row = [completions_of({**row, column: texts[row["_row"]]}, column, d.dataset)
+               for row in rows]
     fewest = min(len(c) for c in per_row)
     too_large = [k for k in config.eval.eval_k if k > fewest]
     if too_large:
@@ -63,7 +67,13 @@ def score_file(args: list[str], column: str | None = None) -> dict:
     for name in names:
         values = [v for r in results for v in r["rewards"][name] if v is not None]
         metrics[f"reward/{name}/mean"] = sum(values) / len(values) if values else None
-    rows_file = Path(config.eval.eval_output or Path(config.run.output_dir) / "score.jsonl")
+    if out or config.eval.eval_output:
+        rows_file = Path(out or config.eval.eval_output)
+    elif "output_dir" in given:
+        rows_file = Path(config.run.output_dir) / "score.jsonl"
+    else:
+        rows_file = beside(Path(d.dataset), "score")
+    say_replacing(rows_file)
     write_rows(rows_file, results)
     return {**metrics, "rows_file": str(rows_file)}
 
@@ -91,7 +101,8 @@ def _score_rows(config, data: build.Data, rows: list[dict], per_row: list[list[s
                 column: str, with_votes: bool) -> tuple[list[str], list[dict]]:
     """Every completion's reward (the weighted sum) and each function's, row by row as results
     for passk.summarize and the JSONL file; with votes, each completion's extracted answer."""
-    kept = [{k: v for k, v in r.items() if k != column} for r in rows]
+    # the completions' own column is no keyword of the rewards (prompt and answer stay theirs)
+    kept = [{k: v for k, v in r.items() if k != column or k in ("prompt", "answer")} for r in rows]
     prompts, completions, columns = [], [], {}
     for row, comps in zip(kept, per_row):
         prompts += [_prompt_text(row["prompt"])] * len(comps)

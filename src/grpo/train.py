@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -132,17 +132,21 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     evaluating = bool(data.eval_rows and c.run.eval_every)
     runaway = RunawayWatch()
 
-    def evaluate_now(step: int) -> float:
+    def evaluate_now(step: int, steps_bar: Progress | None = None) -> float:
         with distributed.full_parameters(policy):   # every rank gathers; rank 0 evaluates
             if groups is not None and hasattr(learner.sampler, "sync"):
                 learner.sampler.sync(policy)   # async_steps: only evaluation uses this engine
             if world.is_main:
                 rows_file = run_dir / "eval" / f"step-{step}.jsonl" if write_files else None
-                try:
-                    return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
-                                    rows_file=rows_file)
-                finally:
-                    faults.take()   # zeros of held-out completions are not the next step's
+                # its own bar, as `grpo eval` shows, in place of the steps' while it runs
+                with (steps_bar.paused() if steps_bar is not None else nullcontext()), \
+                        Progress("eval", len(data.eval_rows), log) as shown:
+                    try:
+                        return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
+                                        rows_file=rows_file, on_batch=lambda done, accuracy:
+                                        shown.update(done, f"pass@1 {accuracy:.3f}"))
+                    finally:
+                        faults.take()   # zeros of held-out completions are not the next step's
         return math.nan
 
     if evaluating and first == 1:
@@ -162,7 +166,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 log(warning)
             tracker.samples(sample_records(rollout, step))
             if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
-                accuracy = evaluate_now(step)
+                accuracy = evaluate_now(step, bar)
             signum = stop.requested(world)
             if (c.run.save_every and step % c.run.save_every == 0) or signum:
                 ahead, position = None, stream
