@@ -221,3 +221,31 @@ def test_the_readmes_torchrun_command_runs_as_written_with_the_default_model(tmp
     steps = metrics(tmp_path / "runs" / "demo")
     assert [m["step"] for m in steps] == [1, 2]
     assert (tmp_path / "runs" / "demo" / "final" / "config.json").is_file()
+
+
+SOME_GROUPS_FLAT = '''
+import hashlib
+
+def some_flat(prompts, completions, **columns):
+    """0 for every completion of a third of the prompts (by a hash of the prompt that every
+    process computes alike), so dynamic sampling drops those groups and samples more."""
+    return [0.0 if int(hashlib.md5(p.encode()).hexdigest(), 16) % 3 == 0 else len(set(c)) / 6
+            for p, c in zip(prompts, completions)]
+'''
+
+
+def test_dapo_with_dynamic_sampling_in_two_processes_equals_one(tiny_model_dir, tmp_path):
+    """algorithm=dapo (dynamic_sampling) under torchrun: every process gathers each round's scored
+    groups, so all agree which groups are kept and how many more to sample; a refill smaller than
+    the number of processes (one group over two) is sampled by the first. The step is then shared
+    out as one process would have trained it."""
+    (tmp_path / "flat.py").write_text(SOME_GROUPS_FLAT)
+    args = [f"model={tiny_model_dir}", "algorithm=dapo", "rewards=[flat:some_flat]", *ARGS]
+    run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run([*torchrun(2), *args, f"output_dir={tmp_path / 'two'}"], tmp_path)
+    two = metrics(tmp_path / "two")
+    assert sum(m["sampling/dropped_groups"] for m in two) > 0
+    assert sum(m["sampling/extra_rounds"] for m in two) > 0
+    p1, p2 = compare_runs(tmp_path / "one", tmp_path / "two", tiny_model_dir)
+    diff = torch.cat([(p1[k] - p2[k]).abs().flatten() for k in p1])
+    assert diff.max().item() < 1e-5

@@ -41,6 +41,13 @@ class World:
         n = global_rows // self.size
         return slice(self.rank * n, (self.rank + 1) * n)
 
+    def part(self, items: int) -> slice:
+        """This rank's contiguous part of `items` that need not divide evenly: the first
+        `items % size` ranks take one more (a rank may take none). Equal to `rows` when it divides."""
+        n, extra = divmod(items, self.size)
+        start = self.rank * n + min(self.rank, extra)
+        return slice(start, start + n + (self.rank < extra))
+
 
 def setup() -> World:
     """Join the process group torchrun describes in the environment; a single process otherwise."""

@@ -38,7 +38,7 @@ from grpo.loss import (AGGREGATIONS, COVARIANCE_LOSSES, CORRECTIONS, clip_cov_to
                        kl_penalized_rewards, token_covariance, token_kl)
 from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
                           sample_records, step_metrics, unscored_warning)
-from grpo.models import frozen_copy, update_reference
+from grpo.models import frozen_copy, merge_adapter, update_reference, whole_model
 from grpo.pipeline import Groups, Work, split_threads
 from grpo.rewards import RewardFn, faults, score
 from grpo.rewards.shaping import overlong_penalty
@@ -103,8 +103,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     build.check_lr(c, policy, log)
     build.check_selection(c, log)
-    resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log, run_dir if write_files else None,
-                         world)
+    policy = resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log,
+                                  run_dir if write_files else None, world)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
@@ -192,19 +192,40 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
 def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, checkpoint: Path | None,
                          log, save_to: Path | None = None,
-                         world: distributed.World = distributed.World()) -> None:
-    """The checkpoint's weights when resuming (its config compared with this one), else the cold
-    start when `sft_steps` asks for it."""
+                         world: distributed.World = distributed.World()):
+    """The policy GRPO starts from: the checkpoint's weights when resuming (its config compared
+    with this one), else the cold start when `sft_steps` asks for it. With LoRA the cold start's
+    adapter is merged into the base under a fresh adapter (with_fresh_adapter), so the reference,
+    the adapter off, is the policy at the start of GRPO; a resumed run merges it again."""
     if checkpoint is not None:
         for change in resume.changed_keys(c, checkpoint):
             log(f"resuming with a changed key: {change}")
+        if (cold := resume.cold_start_under(policy, checkpoint)) is not None:
+            policy = with_fresh_adapter(c, merge_adapter(policy.merge_and_unload(), cold), world, cold)
         resume.load_weights(policy, checkpoint)
     elif c.run.sft_steps:
         cold_start(c, policy, tokenizer, data, log, save_to, world)
+        if hasattr(policy, "peft_config"):     # LoRA: its adapter, kept, merged into the base
+            where = save_model_dir(policy, tokenizer, save_to / "cold_start") if save_to else None
+            policy = with_fresh_adapter(c, policy.merge_and_unload(), world, where)
     elif c.data.dataset:
         column = ("its 'completion' column is imitated with sft_steps=N" if data.demonstrations
                   else "it has no 'completion' column to imitate")
         log(f"cold start: off (sft_steps=0, the default with dataset=); {column}")
+    return policy
+
+
+def with_fresh_adapter(c: TrainConfig, base, world: distributed.World, named: Path | str | None):
+    """A fresh LoRA adapter (B = 0) on `base`, a model with the cold start's adapter merged in:
+    policy, reference (the adapter off), sampler and evaluation all start from the cold-started
+    weights. `named` (the cold start's adapter directory) is recorded as the base of the adapter
+    GRPO trains, so loading final/ merges both (models.load_policy). Every rank takes rank 0's
+    new adapter."""
+    if named is not None:
+        base.name_or_path = str(Path(named).resolve())
+    policy = build.add_lora(base, c)
+    distributed.broadcast_parameters(policy, world)
+    return policy
 
 
 def write_final(c: TrainConfig, policy, tokenizer, run_dir: Path, write_files: bool) -> None:
@@ -308,9 +329,11 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
         raise build.ConfigError(
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
             f"number of processes ({world.size}): each process takes whole groups")
-    if c.sampling.dynamic_sampling:
-        raise build.ConfigError("config key 'dynamic_sampling' is not supported with more than one "
-                                "process yet; set dynamic_sampling=false or run one process")
+    if c.sampling.dynamic_sampling and c.pipeline.async_steps:
+        preset = f" (set by algorithm={c.run.algorithm})" if c.run.algorithm == "dapo" else ""
+        raise build.ConfigError(f"config key 'dynamic_sampling'{preset} with async_steps is not supported "
+                                "with more than one process yet (each trainer's worker would refill only "
+                                "its own share); set dynamic_sampling=false, async_steps=0, or run one process")
     if c.loss.advantage == "batch_norm":
         raise build.ConfigError("config key 'advantage': batch_norm needs the whole batch's rewards "
                                 "and is not supported with more than one process yet")
@@ -356,7 +379,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
     from grpo.vllm_sampler import VLLMSampler, VLLMUnavailable
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     try:
-        sampler = VLLMSampler(base.name_or_path, tokenizer, max_new_tokens=s.max_new_tokens,
+        sampler = VLLMSampler(whole_model(base.name_or_path), tokenizer, max_new_tokens=s.max_new_tokens,
                               temperature=s.temperature, top_p=s.top_p,
                               gpu_memory_utilization=s.vllm_gpu_memory_utilization, seed=c.run.seed,
                               dtype=c.model.dtype, sleep=s.vllm_sleep, agent=agent)
@@ -594,15 +617,22 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
                          step: int = 0) -> tuple[Rollout, dict]:
     """Sample and score `prompts_per_step` groups. With dynamic sampling (DAPO), groups whose
     rewards are all equal are dropped and more prompts are sampled, at most `max_sampling_rounds`
-    extra times; if none has contrast, the last round is kept (its advantages are all 0)."""
+    extra times; if none has contrast, the last round is kept (its advantages are all 0).
+    With several processes each samples and scores its part of a round, and every process
+    filters the gathered round, so all keep the same groups and sample the same refills; the
+    kept groups are then shared out (`everyones_round`, `my_share`)."""
     G, wanted = c.sampling.group_size, c.sampling.prompts_per_step
+    together = c.sampling.dynamic_sampling and world.size > 1
     kept: list[Rollout] = []
     have, dropped, rounds = 0, 0, 0
     while True:
         t0 = time.perf_counter()
         part = draw_groups(c, sampler, tokenizer, stream, wanted - have, world, step, rounds)
         t1 = time.perf_counter()
-        score_rollout(c, part, data)
+        if part is not None:
+            score_rollout(c, part, data)
+        if together:
+            part = everyones_round(part, world, tokenizer.pad_token_id)
         if timer is not None:
             timer["sample"] += t1 - t0
             timer["reward"] += time.perf_counter() - t1
@@ -617,21 +647,45 @@ def sample_scored_groups(c: TrainConfig, sampler: HFSampler, tokenizer, data: bu
             break
         rounds += 1
     rollout = concat(kept, tokenizer.pad_token_id) if kept else part
+    if together:
+        rollout, unshared = my_share(rollout, world, G)
+        dropped += unshared
     return rollout, {"sampling/dropped_groups": dropped, "sampling/extra_rounds": rounds}
+
+
+def everyones_round(part: Rollout | None, world: distributed.World, pad_token_id: int) -> Rollout:
+    """Every process's scored part of a round of dynamic sampling, in rank order (the order one
+    process would have sampled them in), on every process, on this process's device."""
+    device = part.completion_ids.device if part is not None else torch.device("cpu")
+    parts = distributed.gather_objects(part.to("cpu") if part is not None else None, world)
+    return concat([p for p in parts if p is not None], pad_token_id).to(device)
+
+
+def my_share(rollout: Rollout, world: distributed.World, G: int) -> tuple[Rollout, int]:
+    """This process's contiguous share of the kept groups (every process holds them all), and how
+    many groups were left out so that the processes' shares are equal: only when the rounds ran
+    out with a number of kept groups the number of processes does not divide."""
+    groups = len(rollout) // G
+    unshared = groups % world.size
+    rows = (groups - unshared) * G
+    return rollout.rows(world.rows(rows)), unshared
 
 
 def draw_groups(c: TrainConfig, sampler, tokenizer, stream: PromptStream, n: int,
                 world: distributed.World = distributed.World(), step: int = 0,
-                rounds: int = 0) -> Rollout:
+                rounds: int = 0) -> Rollout | None:
     """This process's share of `n` groups, sampled (not scored) with the draws of (seed, step,
-    round)."""
+    round); None when a refill of dynamic sampling leaves this process no group."""
     G = c.sampling.group_size
     rows = stream.next_batch(n)
     # The draws for every row of the whole batch, from (seed, step, round): a completion is the
     # same whichever process samples it, so N processes reproduce one.
     draws = torch.Generator().manual_seed(hash((c.run.seed, step, rounds)) & 0x7FFFFFFF)
     uniforms = torch.rand(len(rows) * G, sampler.max_new_tokens, generator=draws)
-    rows, uniforms = world.share(rows), uniforms[world.rows(len(rows) * G)]
+    mine = world.part(len(rows))   # whole groups; uneven only in a refill of dynamic sampling
+    rows, uniforms = rows[mine], uniforms[mine.start * G:mine.stop * G]
+    if not rows:
+        return None
     part = sampler.sample(build.prompt_texts(c, tokenizer, rows), G, uniforms=uniforms, rows=rows)
     part.columns = columns_of(rows, G)
     return part
