@@ -152,7 +152,7 @@ def test_usage_mistakes_exit_2_naming_the_options(tmp_path, monkeypatch, capsys)
     for argv, named in [(["explain", "--row"], "--row needs a value: --row N"),
                         (["explain", "--row", "two"], "--row expects a row number"),
                         (["explain", "--rows", "2"], "unknown option '--rows'; grpo explain's options: --row"),
-                        (["eval", "--json"], "unknown option '--json'; grpo eval's options: --print-config"),
+                        (["eval", "--json"], "unknown option '--json'; grpo eval's options: --out, --print-config"),
                         (["report"], "give at least one RUN_DIR"),
                         (["report", "run", "--out"], "--out needs a value"),
                         (["train", "steps=3", "oops"], "expected key=value, got 'oops'")]:

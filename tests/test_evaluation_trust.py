@@ -137,6 +137,10 @@ def test_a_run_without_final_is_evaluated_at_its_newest_checkpoint(trained_run, 
     assert result["model"] == str(stopped / "checkpoints" / "step-1")
     assert "newest checkpoint" in captured.err
     assert Path(result["rows_file"]).parent == stopped
+    shutil.rmtree(stopped / "checkpoints")       # stopped before its first checkpoint
+    assert main(["eval", str(stopped / "config.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no trained weights yet" in err and "resume=auto" in err
 
 
 def test_eval_writes_beside_the_model_and_says_when_it_replaces_a_file(tiny_model_dir, tmp_path,

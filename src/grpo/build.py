@@ -194,8 +194,9 @@ def run_weights(run_dir: Path, log: Callable[[str], None] = to_stderr) -> Path:
         return final
     newest = newest_valid(run_dir / "checkpoints", log)
     if newest is None:
-        raise ConfigError(f"run {run_dir} has no trained weights yet (no final/, no valid "
-                          "checkpoints/step-N/); continue it with resume=auto or give model=DIR")
+        raise ConfigError(f"config key 'model': cannot load '{run_dir}': a run directory with no "
+                          "trained weights yet (no final/, no valid checkpoints/step-N/); continue "
+                          "the run with resume=auto")
     log(f"run {run_dir} has no final/ (it stopped before its end): using its newest checkpoint, "
         f"{newest}")
     return newest

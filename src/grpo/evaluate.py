@@ -146,6 +146,9 @@ def eval_setup(path: str | None, overrides: list[str],
     values = {**saved, **given}
     if run_dir is not None:
         values["model"] = str(build.run_weights(run_dir, log))
+    mine = ", ".join(sorted(given)) or "none"
+    log(f"evaluating {values['model']} with the keys run {config_run or run_dir} was trained with "
+        f"(its config.yaml); keys given here win: {mine}")
     return EvalSetup(build_config(values), run_dir, frozenset(given))
 
 
