@@ -145,3 +145,71 @@ def test_the_project_and_its_data_are_out_of_sight(code_tests):
     program = f"open({str(here)!r}).read()\ndef f(x): return 2 * x"
     assert code_tests(["p"], [program], tests=[TESTS]) == [0.0]
     assert code_tests(["p"], ["import json, math\ndef f(x): return 2 * x"], tests=[TESTS]) == [1.0]
+
+
+def _sysv_keys(kind: str) -> dict[int, int]:
+    """The host's SysV objects of one kind ("shm" or "msg"): key -> id."""
+    lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+    return {int(line.split()[0]): int(line.split()[1]) for line in lines}
+
+
+def test_sysv_shared_memory_and_message_queues_end_with_the_run(code_tests):
+    import ctypes
+    key = int(uuid.uuid4().hex[:7], 16) + 1
+    libc = "import ctypes, struct\nlibc = ctypes.CDLL(None)\nlibc.shmat.restype = ctypes.c_void_p\n"
+    first = (libc +
+             f"shm = libc.shmget({key}, 1 << 24, 0o1600)\n"            # IPC_CREAT | 0600, 16 MiB
+             "at = libc.shmat(shm, None, 0)\n"
+             "ctypes.memset(at, 1, 1 << 24)\n"                          # touched: pinned memory
+             "libc.shmdt(ctypes.c_void_p(at))\n"
+             f"queue = libc.msgget({key}, 0o1600)\n"
+             "message = ctypes.create_string_buffer(struct.pack('l', 1) + b'for the next run')\n"
+             "sent = libc.msgsnd(queue, message, 16, 0)\n"
+             "def f(x): return 2 * x if shm >= 0 and queue >= 0 and sent == 0 else -1")
+    second = (libc + f"queue = libc.msgget({key}, 0o600)\n"              # no IPC_CREAT: find it
+              "def f(x): return 2 * x if queue == -1 else -1")
+    try:
+        assert code_tests(["p"], [first], tests=[TESTS]) == [1.0]      # it made both
+        assert key not in _sysv_keys("shm") and key not in _sysv_keys("msg")
+        assert code_tests(["p"], [second], tests=[TESTS]) == [1.0]     # and found no queue
+    finally:    # remove what a sandbox without its own IPC namespace left on the host
+        host = ctypes.CDLL(None)
+        if key in _sysv_keys("shm"):
+            host.shmctl(_sysv_keys("shm")[key], 0, None)               # IPC_RMID
+        if key in _sysv_keys("msg"):
+            host.msgctl(_sysv_keys("msg")[key], 0, None)
+
+
+def test_other_processes_are_out_of_sight_in_proc(code_tests):
+    import subprocess
+    import sys
+    token = f"grpo-token-{uuid.uuid4().hex}"
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", token])
+    program = ("import os\n"
+               "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+               "seen = []\n"
+               "for pid in pids:\n"
+               "    try:\n"
+               "        seen += [pid] if b'grpo-token-' in open(f'/proc/{pid}/cmdline', 'rb').read() else []\n"
+               "    except OSError:\n"
+               "        pass\n"
+               # its own namespace: the launcher as pid 1, the tests' process, the program's process
+               "def f(x): return 2 * x if seen == [] and pids == [1, 2, 3] else -1")
+    try:
+        assert code_tests(["p"], [program], tests=[TESTS]) == [1.0]
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_the_host_name_is_not_the_hosts(code_tests):
+    import socket as host_socket
+    program = ("import socket\nname = socket.gethostname()\n"
+               f"def f(x): return 2 * x if name == 'sandbox' and name != {host_socket.gethostname()!r} else -1")
+    assert code_tests(["p"], [program], tests=[TESTS]) == [1.0]
+
+
+def test_the_hosts_sys_is_out_of_sight(code_tests):
+    # the host's /sys lists its network interfaces, disks and devices
+    program = "import os\nseen = os.listdir('/sys')\ndef f(x): return 2 * x if seen == [] else -1"
+    assert code_tests(["p"], [program], tests=[TESTS]) == [1.0]

@@ -6,13 +6,19 @@ running trainer code), through a small launcher that, as root, before it drops p
 - unshares a network namespace (no interface is up: not even 127.0.0.1 is reachable) and a mount
   namespace with fresh, size-capped tmpfs mounts on /tmp, /var/tmp and /dev/shm (its working
   directory), so nothing it writes outlives it or reaches the host's temporary directories;
+- unshares an IPC namespace (SysV shared memory, semaphores and message queues, POSIX message
+  queues: all gone with the run, capped at the scratch space's size), a UTS namespace (host name
+  "sandbox") and a PID namespace, whose init is the launcher's child: it mounts a fresh /proc that
+  lists only the run's own processes, and when it ends the kernel kills whatever is left;
 - sets hard limits on CPU time, address space, file size, open files and processes;
 - switches to a user id of its own (no supplementary groups), so it can signal no other process,
   read no other process's /proc entries, and write nowhere else the host does not leave open;
 - execs the interpreter with an empty environment, in isolated mode.
 
-The whole process tree is killed at the deadline (and after every run) by a helper that takes the
-program's user id and sends SIGKILL to every process of that id. Output is read in the parent and
+The whole process tree is killed at the deadline (and after every run) by the namespace's init,
+which signals every process in it and reaps until it has no child left (every orphan of the
+namespace is its child, so none is left at all). Without isolation, a subreaper launcher kills the
+program's process group. Output is read in the parent and
 capped. What runs inside is harness.py, with the job on its standard input.
 
 `isolation_level()` probes what this machine really allows: "full" (namespaces and a user id of
@@ -37,7 +43,7 @@ HARNESS = (Path(__file__).parent / "harness.py").read_text()
 _UIDS = itertools.count()
 _UID_BASE = 200_000
 
-# Both scripts below count the live (not zombie) processes of a user id from /proc.
+# The backstop killer below counts the live (not zombie) processes of a user id from /proc.
 _ALIVE = r"""
 def alive(uid):
     found = 0
@@ -53,16 +59,20 @@ def alive(uid):
     return found
 """
 
-# Runs as root inside the new session; argv[1] is JSON settings. Forks the program, which drops to
-# the sandbox user and execs the harness; waits for it until the deadline, then kills and reaps
-# everything it left. Exit status: 0 the harness exited cleanly, 1 it did not, 124 the deadline.
-_LAUNCHER = "import ctypes, json, os, resource, sys, time\n" + _ALIVE + r"""
+# Runs as root inside the new session; argv[1] is JSON settings. Isolated, it unshares its
+# namespaces and forks their init (pid 1 of the new PID namespace), which mounts a fresh /proc,
+# forks the program (it drops to the sandbox user and execs the harness), waits for it until the
+# deadline, then kills and reaps everything in the namespace; the launcher waits for init and passes
+# on its status. Exit status: 0 the harness exited cleanly, 1 it did not, 124 the deadline, 97 a
+# namespace or mount could not be made (the run is refused, never run with less).
+_LAUNCHER = r"""import ctypes, json, os, resource, sys, time
 s = json.loads(sys.argv[1])
 
 
 if s["isolate"]:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x40000000 | 0x00020000) != 0:          # CLONE_NEWNET | CLONE_NEWNS
+    # network, mounts, SysV IPC and POSIX message queues, process ids, host name
+    if libc.unshare(0x40000000 | 0x00020000 | 0x08000000 | 0x20000000 | 0x04000000) != 0:
         sys.exit(97)
     if libc.mount(b"none", b"/", None, 16384 | 262144, None) != 0:   # MS_REC | MS_PRIVATE
         sys.exit(97)
@@ -70,17 +80,45 @@ if s["isolate"]:
         if os.path.isdir(where) and libc.mount(b"tmpfs", where, b"tmpfs", 2 | 4,
                                                b"size=%dk,mode=1777" % s["tmp_kb"]) != 0:
             sys.exit(97)
-    # Hide every other top-level directory (data sets, the project, home directories) behind an
-    # empty read-only tmpfs, but what the interpreter needs to start.
-    keep = {"usr", "lib", "lib64", "lib32", "bin", "sbin", "etc", "proc", "dev", "sys", "tmp", "var"}
+    # Hide every other top-level directory (data sets, the project, home directories, the host's
+    # /sys) behind an empty read-only tmpfs, but what the interpreter needs to start.
+    keep = {"usr", "lib", "lib64", "lib32", "bin", "sbin", "etc", "proc", "dev", "tmp", "var"}
     keep.add(s["python"].split("/")[1])
     for name in os.listdir("/"):
         where = "/" + name
         if name not in keep and os.path.isdir(where) and not os.path.islink(where):
             if libc.mount(b"tmpfs", where.encode(), b"tmpfs", 1 | 2 | 4, b"size=4k,mode=755") != 0:
                 sys.exit(97)
-# Stay as the program's parent and a subreaper, so that whatever it starts is ours to kill and reap.
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)                      # PR_SET_CHILD_SUBREAPER
+    # CLONE_NEWPID moves this process's next child, not this process, into the new namespace:
+    # that child is its init. When init ends, the kernel kills whatever is left in the namespace.
+    init = os.fork()
+    if init:
+        os.close(0)
+        os.close(1)
+        while True:
+            try:
+                status = os.waitpid(init, 0)[1]
+                break
+            except InterruptedError:
+                continue
+        sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+    # a /proc of the new namespace: the program sees its own processes, not the host's
+    if libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:   # nosuid, nodev, noexec
+        os._exit(97)
+    # SysV shared memory of the run stays within its scratch space: shmall in pages, shmmax in
+    # bytes; few message queues (each holds up to 16 KiB)
+    try:
+        for name, value in (("shmall", s["tmp_kb"] // 4), ("shmmax", s["tmp_kb"] << 10),
+                            ("shmmni", 64), ("msgmni", 16)):
+            with open("/proc/sys/kernel/" + name, "w") as f:
+                f.write(str(value))
+    except OSError:
+        os._exit(97)
+    if libc.sethostname(b"sandbox", 7) != 0:
+        os._exit(97)
+else:
+    # Stay as the program's parent and a subreaper, so whatever it starts is ours to kill and reap.
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)                  # PR_SET_CHILD_SUBREAPER
 pid = os.fork()
 if pid == 0:
     limits = {resource.RLIMIT_CPU: s["cpu_s"], resource.RLIMIT_AS: s["memory_bytes"],
@@ -104,20 +142,20 @@ while time.monotonic() < deadline:
         break
     time.sleep(pause)
     pause = min(pause * 2, 0.002)
-if s["uid"] is not None:    # kill every process of the program's user id, as that user id
-    killer = os.fork()
-    if killer == 0:
-        os.setgroups([]); os.setgid(s["uid"]); os.setuid(s["uid"])
-        for _ in range(300):             # a fork bomb forks while we kill: until none is left
-            try:
-                os.kill(-1, 9)
-            except ProcessLookupError:
-                pass
-            if not alive(s["uid"]):
-                break
-            time.sleep(0.01)
-        os._exit(0)
-    os.waitpid(killer, 0)
+if s["isolate"]:
+    # init of the namespace: every process left in it is ours to signal, and every orphan is
+    # our child; none left to reap means none left at all
+    while True:
+        try:
+            os.kill(-1, 9)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
 else:
     try:
         os.killpg(pid, 9)
@@ -237,13 +275,15 @@ def run_program(job: dict, limits: Limits = Limits(), isolate: bool = True,
 
 @lru_cache(maxsize=1)
 def isolation_level() -> str:
-    """'full' when a probe program ran with its own user id, no network and a private /tmp."""
+    """'full' when a probe program ran with its own user id, no network, a private /tmp, its own
+    host name and a /proc that lists none of the host's processes (pid 1 is the run's init)."""
     probe = ("import os, socket\n"
              "def probe():\n"
              "    s = socket.socket()\n"
              "    try:\n        s.connect(('127.0.0.1', 9)); net = True\n"
              "    except OSError:\n        net = False\n"
-             "    return [os.getuid(), net, os.listdir('/tmp')]\n")
+             "    return [os.getuid(), net, os.listdir('/tmp'), socket.gethostname(),\n"
+             "            str(os.getpid()) in os.listdir('/proc') and os.getpid() < 16]\n")
     nonce = secrets.token_hex(8)
     try:
         result = run_program({"nonce": nonce, "mode": "calls", "code": probe, "fn_name": "probe",
@@ -252,7 +292,8 @@ def isolation_level() -> str:
         return "none"
     lines = [line for line in result.stdout.split("\n") if line.startswith(nonce)]
     try:
-        uid, network, tmp = json.loads(lines[0][len(nonce):])["results"][0]["value"]
+        uid, network, tmp, host, own_pids = json.loads(lines[0][len(nonce):])["results"][0]["value"]
     except (IndexError, KeyError, ValueError, TypeError):
         return "none"
-    return "full" if uid >= _UID_BASE and not network and tmp == [] else "none"
+    return "full" if (uid >= _UID_BASE and not network and tmp == [] and host == "sandbox"
+                      and own_pids) else "none"
