@@ -117,3 +117,108 @@ def test_a_lora_run_resumes_exactly_from_its_adapter_checkpoint(tiny_model_dir, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     same = {k: v for k, v in whole.history[-1].items() if not k.startswith("time/") and k != "tokens/s"}
     assert same == {k: resumed.history[-1][k] for k in same}
+
+
+def test_after_a_cold_start_sampler_reference_and_evaluation_are_the_cold_started_policy(
+        tiny_model_dir, tmp_path):
+    # The cold start trains the adapter; it is merged into the base before GRPO, so the reference
+    # (adapter off) is the cold-started policy and KL at step 1 is exactly 0, as with full weights.
+    from grpo.models import load_policy, load_tokenizer, token_logprobs
+    from grpo.sampling import HFSampler
+    out = tmp_path / "run"
+    result = train(lora_config(tiny_model_dir, out, sft_steps=4, sft_lr=1e-2, beta=0.04, steps=1,
+                               eval_every=1, eval_size=4), log=lambda s: None)
+    assert next(h["kl"] for h in result.history if "kl" in h) == 0.0
+    # run/cold_start is the cold-started policy (its adapter over the base), loaded merged
+    assert (out / "cold_start" / "adapter_config.json").is_file()
+    cold = load_policy(str(out / "cold_start"))
+    base = load_policy(str(tiny_model_dir))
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        want, _ = token_logprobs(cold, ids, mask, 5)
+        untrained, _ = token_logprobs(base, ids, mask, 5)
+        with result.policy.disable_adapter():
+            reference, _ = token_logprobs(result.policy, ids, mask, 5)
+    assert (want - untrained).abs().max() > 1e-3       # the cold start moved the policy
+    assert torch.equal(reference, want)                # the reference is that policy, bit for bit
+    # step 0's evaluation sampled (greedy, on the training sampler) what the cold-started policy says
+    rows = [json.loads(line) for line in (out / "eval" / "step-0.jsonl").read_text().splitlines()]
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    greedy = HFSampler(cold, tokenizer, max_new_tokens=4).sample([r["prompt"] for r in rows], 1,
+                                                                  greedy=True)
+    assert [r["completions"][0] for r in rows] == greedy.completions
+
+
+def test_a_lora_run_with_a_cold_start_resumes_exactly(tiny_model_dir, tmp_path):
+    settings = dict(sft_steps=3, sft_lr=1e-2, beta=0.04)
+    train(lora_config(tiny_model_dir, tmp_path / "whole", steps=3, save_every=0, **settings),
+          reward_fns=[distinct], log=lambda s: None)
+    train(lora_config(tiny_model_dir, tmp_path / "cut", steps=2, save_every=2, **settings),
+          reward_fns=[distinct], log=lambda s: None)
+    train(lora_config(tiny_model_dir, tmp_path / "cut", steps=3, save_every=0, resume="auto",
+                      **settings), reward_fns=[distinct], log=lambda s: None)
+    a = load_file(tmp_path / "whole" / "final" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "cut" / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def grpo_command(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "grpo.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_lora_runs_final_adapter_is_evaluated_and_trained_further_without_merging(
+        tiny_model_dir, tmp_path):
+    from grpo.build import load_model_and_tokenizer
+    from grpo.models import load_policy, token_logprobs
+    out = tmp_path / "run"
+    result = train(lora_config(tiny_model_dir, out, beta=0.04), reward_fns=[distinct],
+                   log=lambda s: None)
+    assert not (out / "final" / "config.json").exists()       # final/ is the adapter alone
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        trained, _ = token_logprobs(result.policy, ids, mask, 5)
+        untrained, _ = token_logprobs(load_policy(str(tiny_model_dir)), ids, mask, 5)
+    assert (trained - untrained).abs().max() > 1e-4
+    # model=RUN/final and model=RUN: the recorded base with the adapter merged in
+    for model in (out / "final", out):
+        policy, _ = load_model_and_tokenizer(build_config({"model": str(model)}), None)
+        assert not hasattr(policy, "peft_config")
+        with torch.no_grad():
+            loaded, _ = token_logprobs(policy, ids, mask, 5)
+        torch.testing.assert_close(loaded, trained, rtol=0, atol=2e-6)
+    # grpo eval on it scores the trained weights: greedy completions as the trained policy's
+    from grpo.sampling import HFSampler
+    evaluated = grpo_command("eval", f"model={out / 'final'}", "task=addition", "eval_size=4",
+                             "max_new_tokens=4", f"eval_output={tmp_path / 'eval.jsonl'}")
+    assert evaluated.returncode == 0, evaluated.stderr
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    greedy = HFSampler(result.policy, result.tokenizer, max_new_tokens=4).sample(
+        [r["prompt"] for r in rows], 1, greedy=True)
+    assert [r["completions"][0] for r in rows] == greedy.completions
+    # and trains further from them, with a fresh adapter whose reference is the trained policy
+    more = grpo_command("train", f"model={out / 'final'}", "task=addition", "lora_r=4", "beta=0.04",
+                        "steps=1", "sft_steps=0", "eval_every=0", "prompts_per_step=2",
+                        "group_size=4", "max_new_tokens=4", f"output_dir={tmp_path / 'more'}")
+    assert more.returncode == 0, more.stderr
+    first = json.loads((tmp_path / "more" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["kl"] == 0.0
+    recorded = json.loads((tmp_path / "more" / "final" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == str(out / "final")
+    policy, _ = load_model_and_tokenizer(build_config({"model": str(tmp_path / "more")}), None)
+    with torch.no_grad():
+        further, _ = token_logprobs(policy, ids, mask, 5)
+    assert (further - trained).abs().max() > 0             # the second adapter is in it too
+
+
+def test_explain_with_lora_after_a_cold_start_measures_kl_from_the_cold_started_policy(tiny_model_dir):
+    from grpo.explain import explain_group
+    result = explain_group(build_config({"model": str(tiny_model_dir), "task": "addition",
+                                         "lora_r": 4, "lora_alpha": 8, "sft_steps": 4,
+                                         "sft_lr": 1e-2, "beta": 0.04, "group_size": 3,
+                                         "max_new_tokens": 4, "threads": 1}))
+    assert result["iterations"][0]["kl"] == 0.0

@@ -92,7 +92,7 @@ def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
     if name.startswith("model:"):
         path = name.removeprefix("model:")
         try:
-            path, _ = model_source("rewards", path, runs=False)
+            path, _ = model_source("rewards", path, runs=False, adapters=False)
             return RewardModel(path)
         except ModelError as e:
             raise ConfigError(f"{e} (the reward model {name})") from None

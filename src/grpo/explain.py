@@ -117,7 +117,8 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     """Sample, score, normalize and update on one prompt (`row` of the data, counted from 1 as
     in the file, or `prompt`); every intermediate number, as a dict."""
     from grpo.train import (cold_start, covariance_selection, fixed_logprobs, loss_settings,
-                            make_learner, score_rollout, selection_for_update, set_advantages)
+                            make_learner, score_rollout, selection_for_update, set_advantages,
+                            with_fresh_adapter)
 
     build.seed_everything(c.run.seed)
     build.check_choices(c)
@@ -127,6 +128,8 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     notes = []
     if c.run.sft_steps and data.demonstrations:
         cold_start(c, policy, tok, data, log)
+        if hasattr(policy, "peft_config"):   # LoRA: the cold start merged in, as in a run
+            policy = with_fresh_adapter(c, policy.merge_and_unload())
     elif c.run.sft_steps:
         notes.append(f"sft_steps={c.run.sft_steps}, but no cold start: the data has no "
                      "demonstrations (a dataset's `completion` column), so the model is as loaded")

@@ -110,12 +110,15 @@ def _not_on_the_hub(name: str) -> str | None:
     return None
 
 
-def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | None]:
+def model_source(key: str, name: str, runs: bool = True, adapters: bool = True,
+                 depth: int = 0) -> tuple[str, str | None]:
     """Where `key=name` loads from, checked before transformers sees it: (path, a note or None).
 
     A directory must hold a model (config.json, weights, tokenizer files); a run directory (with
-    `runs`) stands for its `final/`, said in the note. Anything else is a ModelError naming the
-    key, the path and what to give instead; a name that is no local path is left to the hub.
+    `runs`) stands for its `final/`, said in the note; a LoRA adapter directory (with `adapters`)
+    stands for its base with the adapter merged in (load_policy), its base checked as a model
+    itself. Anything else is a ModelError naming the key, the path and what to give instead; a
+    name that is no local path is left to the hub.
     """
     path = Path(name).expanduser()
     give = "give a Hugging Face model directory (a run's final/) or a hub name"
@@ -142,6 +145,8 @@ def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | Non
             raise refuse(f"a run directory without final/ (the run stopped before its end); give "
                          f"one of its checkpoints, {key}={path / 'checkpoints'}/step-N, or continue "
                          "the run with resume=auto")
+        if "adapter_config.json" in files and adapters:
+            return _adapter_source(key, name, path, files, depth)
         if "adapter_config.json" in files:
             raise refuse("a LoRA adapter, not a whole model; give its merged model (lora_merge=true "
                          "writes final/merged) or the base model")
@@ -158,13 +163,90 @@ def model_source(key: str, name: str, runs: bool = True) -> tuple[str, str | Non
     return str(path), None
 
 
+def _adapter_source(key: str, name: str, path: Path, files: list[str], depth: int) -> tuple[str, str]:
+    """model_source for a peft adapter directory: its weights there, its base a loadable model."""
+    if not any(f.startswith("adapter_model.") for f in files):
+        raise ModelError(f"config key '{key}': cannot load '{name}': adapter_config.json but no "
+                         "adapter weights (adapter_model.safetensors); give the whole adapter "
+                         "directory as peft's save_pretrained writes it")
+    base = adapter_base(path)
+    if depth >= 8:
+        raise ModelError(f"config key '{key}': cannot load '{name}': a chain of more than 8 LoRA "
+                         "adapters, each naming the next as its base (base_model_name_or_path in "
+                         "adapter_config.json); give a merged model (lora_merge=true writes final/merged)")
+    try:
+        model_source(key, base, runs=False, depth=depth + 1)
+    except ModelError as e:
+        why = str(e).split(": ", 2)[-1]
+        raise ModelError(f"config key '{key}': cannot load '{name}', a LoRA adapter: its base model "
+                         f"{base} (base_model_name_or_path in its adapter_config.json) cannot be "
+                         f"loaded: {why}") from None
+    return str(path), f"{key}={name} is a LoRA adapter: loading its base model, {base}, with it merged in"
+
+
+def is_adapter_dir(name_or_path: str) -> bool:
+    """A peft adapter directory (adapter_config.json, no config.json of a whole model)."""
+    path = Path(name_or_path).expanduser()
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def adapter_base(adapter_dir: str | Path) -> str:
+    """The base model a peft adapter directory names (`base_model_name_or_path`). A local path
+    that is not there (a run directory moved, or a path relative to where the run was started) is
+    looked for by its last part in the adapter's directory and the three above it, where a run
+    keeps base_model/, cold_start/ and final/ beside its checkpoints/step-N/."""
+    import json
+    adapter = Path(adapter_dir).expanduser()
+    try:
+        recorded = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ModelError(f"config key 'model': cannot read {adapter / 'adapter_config.json'}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not recorded:
+        raise ModelError(f"config key 'model': the LoRA adapter {adapter} names no base model "
+                         "(base_model_name_or_path in its adapter_config.json); set it to the "
+                         "base model's directory or hub name")
+    path = Path(recorded).expanduser()
+    if path.exists() or not _looks_local(recorded):
+        return recorded
+    for above in [adapter.resolve(), *list(adapter.resolve().parents)[:3]]:
+        if (above / path.name).is_dir() and above / path.name != adapter.resolve():
+            return str(above / path.name)
+    return recorded               # model_source says it is missing
+
+
+def whole_model(name_or_path: str) -> str:
+    """The whole model at the bottom of a chain of adapters (the directory or hub name whose
+    config and architecture they share); any other name is itself."""
+    for _ in range(8):
+        if not is_adapter_dir(name_or_path):
+            break
+        name_or_path = adapter_base(name_or_path)
+    return name_or_path
+
+
+def merge_adapter(model, adapter_dir: str | Path):
+    """`model` with the peft adapter in `adapter_dir` merged into its weights: a plain model
+    again, every weight trainable, named after the adapter directory (so an adapter trained on it
+    records that directory as its base, and loading that one merges this one first)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelError(f"config key 'model': {adapter_dir} is a LoRA adapter; loading it needs "
+                         "peft (pip install peft)") from None
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    merged.requires_grad_(True)   # peft froze the base for the adapter's sake
+    merged.name_or_path = str(Path(adapter_dir).resolve())
+    return merged
+
+
 def is_vision_config(name_or_path: str) -> bool:
     """True for a model transformers loads as image-text-to-text (LLaVA, Qwen-VL, Gemma 3, ...)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
     try:
-        config = AutoConfig.from_pretrained(name_or_path)
+        config = AutoConfig.from_pretrained(whole_model(name_or_path))
     except (OSError, ValueError, KeyError):
         return False
     return config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and hasattr(config, "vision_config")
@@ -177,7 +259,7 @@ def load_processor(name_or_path: str):
         return None
     from transformers import AutoProcessor
     try:
-        return AutoProcessor.from_pretrained(name_or_path)
+        return AutoProcessor.from_pretrained(whole_model(name_or_path))
     except ImportError as e:
         raise ModelError(f"config key 'model': the processor of {name_or_path} needs a package that is "
                          f"missing: {str(e).splitlines()[0]} (Qwen-VL's processors need torchvision, "
@@ -193,6 +275,8 @@ def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
     from transformers import AutoTokenizer
 
     processor = load_processor(name_or_path)
+    if is_adapter_dir(name_or_path) and not any((Path(name_or_path) / f).is_file() for f in TOKENIZER_FILES):
+        name_or_path = whole_model(name_or_path)      # an adapter saved without its tokenizer
     tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(name_or_path)
     if processor is not None:
         tokenizer.grpo_processor = processor      # prompts with images go through it (vision.encode)
@@ -216,8 +300,12 @@ def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
 
 
 def load_policy(name_or_path: str, dtype: str = "float32"):
-    """Load any causal LM, or image-text-to-text model, by directory or hub name, in train mode."""
+    """Load any causal LM, or image-text-to-text model, by directory or hub name, in train mode;
+    a LoRA adapter directory loads as its base with the adapter merged in (merge_adapter)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if is_adapter_dir(name_or_path):
+        return merge_adapter(load_policy(adapter_base(name_or_path), dtype), name_or_path)
 
     auto = AutoModelForImageTextToText if is_vision_config(name_or_path) else AutoModelForCausalLM
     model = auto.from_pretrained(name_or_path, dtype=getattr(torch, dtype))

@@ -180,6 +180,20 @@ def _model_names(model, state: dict) -> dict:
     return {rename.get(name, name): t for name, t in state.items()}
 
 
+def cold_start_under(policy, path: Path) -> str | None:
+    """The adapter directory under a LoRA checkpoint's adapter that the policy as loaded lacks:
+    the run's cold_start/, which train.resume_or_cold_start merged into the base before GRPO;
+    None when the checkpoint's adapter was trained on the policy's own base."""
+    from grpo.models import adapter_base, is_adapter_dir
+    if not hasattr(policy, "peft_config") or not (path / "adapter_config.json").is_file():
+        return None
+    base = adapter_base(path)
+    own = policy.get_base_model().name_or_path
+    if not is_adapter_dir(base) or Path(base).resolve() == Path(own).resolve():
+        return None
+    return base
+
+
 def reference_state(path: Path | None) -> dict | None:
     if path is None or not (path / "reference.safetensors").is_file():
         return None

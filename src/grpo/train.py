@@ -201,13 +201,13 @@ def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, ch
         for change in resume.changed_keys(c, checkpoint):
             log(f"resuming with a changed key: {change}")
         if (cold := resume.cold_start_under(policy, checkpoint)) is not None:
-            policy = with_fresh_adapter(c, merge_adapter(policy.merge_and_unload(), cold), world, cold)
+            policy = with_fresh_adapter(c, merge_adapter(policy.merge_and_unload(), cold), cold, world)
         resume.load_weights(policy, checkpoint)
     elif c.run.sft_steps:
         cold_start(c, policy, tokenizer, data, log, save_to, world)
         if hasattr(policy, "peft_config"):     # LoRA: its adapter, kept, merged into the base
             where = save_model_dir(policy, tokenizer, save_to / "cold_start") if save_to else None
-            policy = with_fresh_adapter(c, policy.merge_and_unload(), world, where)
+            policy = with_fresh_adapter(c, policy.merge_and_unload(), where, world)
     elif c.data.dataset:
         column = ("its 'completion' column is imitated with sft_steps=N" if data.demonstrations
                   else "it has no 'completion' column to imitate")
@@ -215,7 +215,8 @@ def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, ch
     return policy
 
 
-def with_fresh_adapter(c: TrainConfig, base, world: distributed.World, named: Path | str | None):
+def with_fresh_adapter(c: TrainConfig, base, named: Path | str | None = None,
+                       world: distributed.World = distributed.World()):
     """A fresh LoRA adapter (B = 0) on `base`, a model with the cold start's adapter merged in:
     policy, reference (the adapter off), sampler and evaluation all start from the cold-started
     weights. `named` (the cold start's adapter directory) is recorded as the base of the adapter
