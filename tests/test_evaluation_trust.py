@@ -179,6 +179,14 @@ def test_eval_rewards_scores_with_a_users_own_reward(tiny_model_dir, tmp_path, m
     assert result["eval/accuracy"] == by_hand
     assert result["eval/reward/even_length/mean"] == by_hand
     assert "eval/accuracy: even_length (eval_rewards=)" in captured.err
+    # checked as training checks rewards: a wrong length is one line naming the function
+    (tmp_path / "short.py").write_text("def one_value(prompts, completions, **columns):\n"
+                                       "    return [1.0]\n")
+    assert main(["eval", f"model={tiny_model_dir}", "task=addition", "eval_size=3",
+                 "max_new_tokens=1", "eval_rewards=[short:one_value]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("grpo eval: error: reward function 'one_value' returned 1 values "
+                              "for 3 completions")
 
 
 # ---------------------------------------------------------------- score

@@ -28,7 +28,7 @@ from grpo.config import TrainConfig, build_config, load_yaml, parse_overrides
 from grpo.data import columns_of
 from grpo.passk import summarize
 from grpo.progress import to_stderr
-from grpo.rewards import reward_name, unique_names
+from grpo.rewards import reward_name, score, unique_names
 from grpo.rewards.answers import extract_answer
 
 BATCH_COMPLETIONS = 64   # completions per sampling call
@@ -69,12 +69,14 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
             columns = columns_of(rows, n)
             if by_environment:
                 scores = [0.0 if r is None else float(r) for r in rollout.episodes["env_reward"]]
+            elif data.eval_fns:    # eval_rewards, their values checked as training checks rewards
+                _, values = score(data.eval_fns, [1.0] * len(names), rollout.prompts,
+                                  rollout.completions, columns, on_error=c.reward.reward_on_error)
+                for name in names:
+                    per_fn[name] += [v for v in values[name] if v is not None]
+                scores = values[names[0]]
             else:
                 scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns)
-            for name, fn in zip(names, data.eval_fns):
-                values = scores if fn is data.accuracy_fn else fn(rollout.prompts,
-                                                                  rollout.completions, **columns)
-                per_fn[name] += [float(v) for v in values if v is not None]
             calls = rollout.episodes["tool_calls"] if rollout.episodes else None
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]
