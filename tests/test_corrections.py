@@ -64,3 +64,52 @@ def test_the_decoupled_objective_weighs_the_clipped_term_by_pi_prox_over_pi_beha
         loss, _ = policy_loss(logp, prox, None, torch.ones(1, dtype=torch.float64), mask, agg,
                               is_weights=w, eps_low=0.2, eps_high=0.2)
         assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+# A lower threshold, as verl's rollout_rs_threshold_lower: the same three rows, each correction
+# with a band of its own.
+LOW_EXPECTED = {
+    # [0.5, 2]: row 0 keeps 0.6 and 1.5 (4.0 > 2); row 1 loses 0.4 (< 0.5) and 3.0; row 2 loses both
+    ("token_mis", 0.5, 2.0): [[0.6, 1.5, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 0]],
+    # [0.5, 2] on the product: 3.6 above, 1.2 inside, 0.02 below (kept without a lower bound)
+    ("seq_mis", 0.5, 2.0): [[0, 0, 0, 0], [1.2, 1.2, 1.2, 0], [0, 0, 0, 0]],
+    # IcePop's band [0.5, 5]: 4.0 and 3.0 are inside it now, 0.4 is still below
+    ("icepop", 0.5, 5.0): [[0.6, 1.5, 4.0, 0], [0, 3.0, 1.0, 0], [0, 0, 0, 0]],
+    # [0.1, 2] on the geometric mean: 0.141 is inside (outside [1/2, 2], the default band)
+    ("geo_mask", 0.1, 2.0): [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]],
+}
+
+
+@pytest.mark.parametrize("name, low, cap", sorted(LOW_EXPECTED))
+def test_a_lower_threshold_masks_ratios_below_it(name, low, cap):
+    got = CORRECTIONS[name](LOG_RHO, MASK, cap, low)
+    assert got.dtype == torch.float64
+    expected = torch.tensor(LOW_EXPECTED[(name, low, cap)], dtype=torch.float64)
+    assert torch.allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["token_mis", "seq_mis", "icepop", "geo_mask"])
+def test_a_lower_threshold_of_0_is_each_methods_own(name):
+    assert torch.equal(CORRECTIONS[name](LOG_RHO, MASK, 2.0, 0.0), CORRECTIONS[name](LOG_RHO, MASK, 2.0))
+    assert torch.allclose(CORRECTIONS[name](LOG_RHO, MASK, 2.0), torch.tensor(EXPECTED[name], dtype=torch.float64),
+                          rtol=1e-12, atol=1e-15)
+
+
+def test_a_verl_band_carries_over_from_the_config():
+    from types import SimpleNamespace
+    from grpo.config import ConfigError, build_config
+    from grpo.train import correction_of, off_policy_weights
+    c = build_config({"correction": "icepop", "correction_cap": 5, "correction_cap_low": 0.5})
+    assert correction_of(c) == ("icepop", 5.0, 0.5)
+    rollout = SimpleNamespace(completion_mask=MASK, old_logprobs=LOG_RHO,
+                              sampler_logprobs=torch.zeros_like(LOG_RHO))
+    weights, stats = off_policy_weights(rollout, *correction_of(c))
+    assert torch.allclose(weights, torch.tensor(LOW_EXPECTED[("icepop", 0.5, 5.0)], dtype=torch.float64),
+                          rtol=1e-12, atol=1e-15)
+    assert stats["offpolicy/masked_frac"] == 3 / 8        # 0.4, 0.1 and 0.2 of the 8 real tokens
+    assert correction_of(build_config({"correction": "seq_mis"})) == ("seq_mis", 2.0, 0.0)
+    with pytest.raises(ConfigError, match=r"^config key 'correction_cap_low' must be in \[0, 1\), got 1.5"):
+        build_config({"correction": "icepop", "correction_cap_low": 1.5})
+    with pytest.raises(ConfigError, match=r"^config key 'correction_cap_low' masks ratios below it, and "
+                                          r"correction=tis masks none"):
+        build_config({"correction": "tis", "correction_cap_low": 0.5})

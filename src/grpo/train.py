@@ -715,23 +715,24 @@ def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
     rollout.rewards = torch.tensor([math.nan if r is None else r for r in totals])
 
 
-def correction_of(c: TrainConfig) -> tuple[str, float] | None:
-    """The off-policy correction and its cap: `correction`, `tis_cap` (correction=tis), or with
-    async_steps and proximal=decoupled the plain ratio pi_prox / pi_behaviour (AReaL); None: none."""
+def correction_of(c: TrainConfig) -> tuple[str, float, float] | None:
+    """The off-policy correction, its cap and its lower threshold (0: the method's own):
+    `correction`, `tis_cap` (correction=tis), or with async_steps and proximal=decoupled the plain
+    ratio pi_prox / pi_behaviour (AReaL); None: none."""
     if c.loss.correction != "none":
-        return c.loss.correction, c.loss.correction_cap
+        return c.loss.correction, c.loss.correction_cap, c.loss.correction_cap_low
     if c.loss.tis_cap > 0:
-        return "tis", c.loss.tis_cap
+        return "tis", c.loss.tis_cap, 0.0
     if c.pipeline.async_steps and c.pipeline.proximal == "decoupled":
-        return "is", c.loss.correction_cap
+        return "is", c.loss.correction_cap, 0.0
     return None
 
 
-def off_policy_weights(rollout: Rollout, name: str, cap: float) -> tuple[torch.Tensor, dict]:
+def off_policy_weights(rollout: Rollout, name: str, cap: float, low: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The correction's weights [N, T] from rho = pi_old / pi_sampler, and what they did."""
     mask = rollout.completion_mask.bool()
     log_ratio = rollout.old_logprobs - rollout.sampler_logprobs
-    weights = CORRECTIONS[name](log_ratio, mask, cap)
+    weights = CORRECTIONS[name](log_ratio, mask, cap, low)
     ratio = torch.exp(log_ratio[mask])
     stats = {"offpolicy/ratio_mean": ratio.mean().item() if ratio.numel() else math.nan,
              "offpolicy/ratio_max": ratio.max().item() if ratio.numel() else math.nan,
