@@ -234,7 +234,7 @@ COMMANDS: dict[str, Command] = {
                     {"model": ALL, "data": ALL, "sampling": {"max_new_tokens"}, "reward": ALL,
                      "eval": ALL, "agent": ALL, "run": {"seed", "output_dir", "threads"}}),
     "score": Command(cmd_score, "grpo score [CONFIG.yaml] dataset=FILE [key=value ...] "
-                                "[--completions COLUMN]",
+                                "[--completions COLUMN] [--out FILE]",
                      "Score given completions (a file of model outputs, or a benchmark's canonical "
                      "solutions) with the reward functions, no model: the rows have the dataset's "
                      "columns plus a completion, or a list of completions, each. Prints one JSON "
