@@ -109,29 +109,46 @@ def _first_line(error: Exception, limit: int = 300) -> str:
 
 
 def check_golds(path: str, rows: list[dict], column: str = "answer", key: str = "dataset") -> None:
-    """Parse every gold answer once, at load; one that holds no value is an error naming its row.
+    """Parse every gold answer once, at load; those that hold no value are an error naming the
+    first in the file's order and how many there are.
     Held-out rows (`key` eval_dataset) are checked when eval/accuracy is math_accuracy."""
     why = ("which math_accuracy compares with" if key == "dataset" else
            "which eval/accuracy compares with (math_accuracy, for rows from a file; code scores "
            "with rewards=[code_tests])")
+    problems = {}
     for row in rows:
         if row["answer"] is None:
-            raise DataError(f"config key '{key}': {path} row {row['_row'] + 1}: no value in the answer "
-                            f"column '{column}', {why}; set answer_column=NAME or choose rewards that "
-                            "need no answer")
-        if not parsed_gold(row["answer"]):
-            raise DataError(f"config key '{key}': {path} row {row['_row'] + 1}: answer "
-                            f"{str(row['answer'])[:80]!r} holds no value math_accuracy can compare "
-                            "with; fix the row or drop it")
+            problems[row["_row"]] = (f"no value in the answer column '{column}', {why}; set "
+                                     "answer_column=NAME or choose rewards that need no answer")
+        elif not parsed_gold(row["answer"]):
+            problems[row["_row"]] = (f"answer {str(row['answer'])[:80]!r} holds no value "
+                                     "math_accuracy can compare with; fix the row or drop it")
+    if problems:
+        raise DataError(f"config key '{key}': {first_bad_row(path, problems, len(rows))}")
+
+
+def first_bad_row(path: str, problems: dict[int, str], total: int) -> str:
+    """`problems` (a file row, from 0, and what is wrong with it) as one line: the first row in
+    the file's order, whatever order the rows were shuffled in, and how many rows are bad."""
+    first = min(problems)
+    text = problems[first]
+    if not text.startswith(f"{path} row {first + 1}"):     # else the message names its row already
+        text = f"{path} row {first + 1}: {text}"
+    more = f"; {len(problems)} of the {total} rows are like this" if len(problems) > 1 else ""
+    return text + more
 
 
 def check_code_tests(path: str, rows: list[dict]) -> None:
-    """Read every row's tests once, at load; one that cannot be read is an error naming its row."""
+    """Read every row's tests once, at load; those that cannot be read are an error naming the
+    first in the file's order and how many there are."""
+    problems = {}
     for row in rows:
         try:
             spec_from_row(row, f"{path} row {row['_row'] + 1}")
         except CodeTestsError as e:
-            raise DataError(str(e)) from None
+            problems[row["_row"]] = str(e)
+    if problems:
+        raise DataError(first_bad_row(path, problems, len(rows)))
 
 
 def check_choices(config: TrainConfig) -> None:

@@ -2,8 +2,8 @@
 
 Rows are dicts with `prompt` (text, or a list of chat messages, before templating), `answer`, and
 any other columns, which reach reward functions as keyword arguments. Files load through Hugging
-Face `datasets` (JSONL, Parquet, CSV, a dataset directory or a hub name with its configuration and
-split); the public benchmarks' files work as they are published: GSM8K (`question`, `answer` ending
+Face `datasets` (JSONL, Parquet, CSV, each compressed or not, a dataset directory or a hub name with
+its configuration and split); the public benchmarks' files work as they are published: GSM8K (`question`, `answer` ending
 in `#### n`), MATH (`problem`, a worked `solution` whose last `\\boxed{}` is the gold), HumanEval,
 MBPP, APPS, CodeContests and LiveCodeBench rows (their test columns are read by `code_tests`).
 """
@@ -40,20 +40,48 @@ class Columns:
     images: str = ""          # empty: `images` or `image` when the dataset has one
 
 
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstandard"}
+
+
+def file_kind(path: str) -> tuple[str, str]:
+    """The data format's suffix and the compression's, from a file name: `HumanEval.jsonl.gz` ->
+    (".jsonl", ".gz"), `train.parquet` -> (".parquet", ""), `openai/gsm8k` -> ("", "")."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSIONS else ""
+    return (suffixes[-1] if suffixes else ""), compression
+
+
 def load_table(path: str, config_name: str = "", split: str = "train"):
-    """A local JSONL/JSON/Parquet/CSV file, or a dataset directory or hub name with an optional
-    configuration (`dataset_config`) and split."""
+    """A local JSONL/JSON/Parquet/CSV file (compressed with gzip, bzip2, xz or zstd or not), or a
+    dataset directory or hub name with an optional configuration (`dataset_config`) and split.
+    A path that exists is always read as a local file; a name that looks like a file and does not
+    exist, or a hub name when the hub cannot be reached, is an error at once, not after retries."""
     import datasets
 
-    suffix = Path(path).suffix.lower()
-    if suffix in _FORMATS:
-        if not Path(path).is_file():
-            raise DataError(f"dataset file not found: {path}")
-        if Path(path).stat().st_size == 0:
+    fmt, compression = file_kind(path)
+    local = Path(path)
+    if local.is_file():
+        if fmt not in _FORMATS:
+            raise DataError(f"{path}: cannot tell the file's format from its name; name it .jsonl, "
+                            ".json, .parquet or .csv (compressed or not: .gz, .bz2, .xz, .zst)")
+        if local.stat().st_size == 0:
             raise DataError(f"{path}: the file is empty")
-        if suffix == ".jsonl":
+        if compression == ".zst" and not _importable("zstandard"):
+            raise DataError(f"{path}: reading a .zst file needs the zstandard package: "
+                            "pip install zstandard")
+        if fmt == ".jsonl":
             check_jsonl(path)
-        return datasets.load_dataset(_FORMATS[suffix], data_files=path, split="train")
+        try:
+            return datasets.load_dataset(_FORMATS[fmt], data_files=path, split="train")
+        except (ValueError, OSError, ImportError) as e:
+            raise DataError(f"{path}: cannot read it as {fmt.lstrip('.')}: "
+                            f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    if fmt in _FORMATS or compression:
+        raise DataError(f"dataset file not found: {path}")
+    if not local.is_dir() and (why := hub_unreachable()) is not None:
+        raise DataError(f"{path} is neither a file nor a directory, and as a hub dataset it cannot "
+                        f"be fetched: {why}. Give the path of a file, or (for a hub dataset already "
+                        "in the local cache) set HF_HUB_OFFLINE=1")
     try:
         return datasets.load_dataset(path, name=config_name or None, split=split)
     except ValueError as e:
@@ -67,6 +95,42 @@ def load_table(path: str, config_name: str = "", split: str = "train"):
         raise DataError(f"{path}: {message}") from None
     except FileNotFoundError as e:
         raise DataError(f"dataset not found: {path} ({str(e).splitlines()[0]})") from None
+    except OSError as e:     # ConnectionError among them: offline, or the hub refused
+        raise DataError(f"{path} is neither a file nor a directory, and as a hub dataset: "
+                        f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the dataset hub cannot be reached, or None when it can (or offline mode is on, where
+    `datasets` answers from its cache at once). One TCP connection to the endpoint with a short
+    timeout stands in for the hub client's own retries, which take 23 s with no network. Behind a
+    proxy (HTTPS_PROXY, ALL_PROXY) the client is left to find out itself."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    import datasets
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE:
+        return None
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{url.hostname}:{port} cannot be reached ({e.strerror or type(e).__name__})"
+    return None
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+    import sys
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def load_rows(path: str, columns: Columns = Columns(), config_name: str = "",
@@ -140,19 +204,43 @@ def prompt_value(value, where: str):
     return str(value)
 
 
+def open_text(path: str):
+    """A text file for reading, decompressed by its suffix (.gz, .bz2, .xz, .zst)."""
+    import io
+    compression = file_kind(path)[1]
+    if compression in (".gz", ".bz2", ".xz"):
+        import importlib
+        return importlib.import_module(COMPRESSIONS[compression]).open(path, "rt", encoding="utf-8")
+    if compression == ".zst":
+        import zstandard
+        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),
+                                                                           closefd=True),
+                                encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def check_jsonl(path: str) -> None:
     """Every non-blank line of a JSONL file is a JSON object; the error names the first that is not."""
     import json
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{path} line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(value, dict):
-                raise DataError(f"{path} line {number}: expected a JSON object, got {type(value).__name__}")
+    import lzma
+    number = 0
+    try:
+        with open_text(path) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{path} line {number}: not valid JSON ({e.msg} at column "
+                                    f"{e.colno})") from None
+                if not isinstance(value, dict):
+                    raise DataError(f"{path} line {number}: expected a JSON object, got "
+                                    f"{type(value).__name__}")
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+        # not what its suffix says (a .gz that is not gzip), cut short, or not UTF-8 text
+        raise DataError(f"{path}: cannot be read after line {number}: {type(e).__name__}: "
+                        f"{(str(e).strip().splitlines() or [''])[0]}") from None
 
 
 def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = "", tools=None,
