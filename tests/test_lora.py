@@ -1,5 +1,7 @@
-"""LoRA through peft: only the adapter trains, the reference is the base model with the adapter
-off (no second copy), and the run directory holds the adapter and, on request, the merged model."""
+"""LoRA through peft: only the adapter trains, the reference is the policy at the start of GRPO
+with the adapter off (no second copy; a cold start is merged into the base first), and the run
+directory holds the adapter, which loads merged into its recorded base, and, on request, the
+merged model."""
 
 import json
 
@@ -213,6 +215,31 @@ def test_a_lora_runs_final_adapter_is_evaluated_and_trained_further_without_merg
     with torch.no_grad():
         further, _ = token_logprobs(policy, ids, mask, 5)
     assert (further - trained).abs().max() > 0             # the second adapter is in it too
+    # every weight trains when going on without lora_r
+    full = train(build_config({"model": str(out / "final"), "task": "addition", "steps": 1,
+                               "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
+                               "group_size": 4, "max_new_tokens": 4, "lr": 1e-2, "threads": 1,
+                               "output_dir": str(tmp_path / "full")}),
+                 reward_fns=[distinct], log=lambda s: None, write_files=False)
+    assert all(p.requires_grad for p in full.policy.parameters())
+
+
+def test_an_adapter_whose_base_is_missing_is_one_line_naming_both(tiny_model_dir, tmp_path):
+    from grpo.models import ModelError, model_source
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+    (tmp_path / "adapter" / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": str(tmp_path / "gone" / "base_model")}))
+    with pytest.raises(ModelError) as e:
+        model_source("model", str(tmp_path / "adapter"))
+    assert str(e.value) == (
+        f"config key 'model': cannot load '{tmp_path / 'adapter'}', a LoRA adapter: its base model "
+        f"{tmp_path / 'gone' / 'base_model'} (base_model_name_or_path in its adapter_config.json) "
+        "cannot be loaded: no such directory; give a Hugging Face model directory (a run's final/) "
+        "or a hub name")
+    # a run moved elsewhere: the base is found by its name beside the adapter
+    (tmp_path / "base_model").symlink_to(tiny_model_dir)
+    assert model_source("model", str(tmp_path / "adapter"))[0] == str(tmp_path / "adapter")
 
 
 def test_explain_with_lora_after_a_cold_start_measures_kl_from_the_cold_started_policy(tiny_model_dir):

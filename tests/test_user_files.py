@@ -243,8 +243,8 @@ def bad_model_dirs(tmp_path, tiny_model_dir):
         "junk": r"not a model directory \(no config.json; it holds notes.txt\)",
         "stopped": r"a run directory without final/ .*model=.*stopped/checkpoints/step-N, or continue "
                    r"the run with resume=auto",
-        "lora": "a LoRA adapter, not a whole model",
-        "lora_run": "a LoRA adapter, not a whole model",
+        "lora": r"a LoRA adapter whose adapter_config.json names no base model \(base_model_name_or_path\)",
+        "lora_run": "a LoRA adapter whose adapter_config.json names no base model",
         "no_weights": r"config.json but no weights \(model.safetensors\)",
         "no_tokenizer": "no tokenizer files",
         "model.safetensors": "a file, not a model directory",

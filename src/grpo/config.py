@@ -37,15 +37,20 @@ class ModelConfig:
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
     lora_r: int = 0
-    """LoRA rank (needs `pip install 'grpo[lora]'`); 0 trains every weight. With LoRA the reference
-    model is the base model with the adapter switched off, not a second copy."""
+    """LoRA rank (needs peft: `pip install -e '.[lora]'` in a clone of grpo); 0 trains every weight. With LoRA the reference
+    model is the policy at the start of GRPO with the adapter switched off, not a second copy: a
+    cold start (`sft_steps`) trains the adapter, which is then merged into the base (and kept in
+    OUTPUT_DIR/cold_start) under a fresh adapter that GRPO trains. `model=` a LoRA adapter
+    directory loads it merged into its base; with lora_r a fresh adapter goes on top."""
     lora_alpha: float = 16.0
     """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_r."""
     lora_target_modules: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     """Names of the linear layers that get an adapter."""
     lora_merge: bool = False
-    """With LoRA, also write the merged model (base + adapter) to OUTPUT_DIR/final/merged."""
+    """With LoRA, also write the merged model (base + adapter) to OUTPUT_DIR/final/merged. Not
+    needed to evaluate or go on from a run: `model=OUTPUT_DIR/final` (the adapter, which records
+    its base) loads the two merged."""
     train_vision: bool = False
     """A vision-language model's image encoder (vision tower) trains too; by default it is frozen
     and the reference model shares it. The projector and the language model train either way."""

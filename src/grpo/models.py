@@ -169,7 +169,10 @@ def _adapter_source(key: str, name: str, path: Path, files: list[str], depth: in
         raise ModelError(f"config key '{key}': cannot load '{name}': adapter_config.json but no "
                          "adapter weights (adapter_model.safetensors); give the whole adapter "
                          "directory as peft's save_pretrained writes it")
-    base = adapter_base(path)
+    try:
+        base = adapter_base(path)
+    except ModelError as e:
+        raise ModelError(f"config key '{key}': cannot load '{name}': {e}") from None
     if depth >= 8:
         raise ModelError(f"config key '{key}': cannot load '{name}': a chain of more than 8 LoRA "
                          "adapters, each naming the next as its base (base_model_name_or_path in "
@@ -200,12 +203,11 @@ def adapter_base(adapter_dir: str | Path) -> str:
     try:
         recorded = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
     except (OSError, ValueError, AttributeError) as e:
-        raise ModelError(f"config key 'model': cannot read {adapter / 'adapter_config.json'}: "
+        raise ModelError(f"a LoRA adapter whose adapter_config.json cannot be read: "
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if not recorded:
-        raise ModelError(f"config key 'model': the LoRA adapter {adapter} names no base model "
-                         "(base_model_name_or_path in its adapter_config.json); set it to the "
-                         "base model's directory or hub name")
+        raise ModelError("a LoRA adapter whose adapter_config.json names no base model "
+                         "(base_model_name_or_path); set it to the base model's directory or hub name")
     path = Path(recorded).expanduser()
     if path.exists() or not _looks_local(recorded):
         return recorded

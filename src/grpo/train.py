@@ -302,7 +302,7 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
     """What several processes cannot do yet, or cannot split evenly, said before any work."""
     if c.model.lora_r and c.run.ref_reset_every:
         raise build.ConfigError("config key 'ref_reset_every' cannot be used with LoRA ('lora_r' > 0): "
-                                "the reference is the base model with the adapter off")
+                                "the reference is the policy at the start of GRPO with the adapter off")
     if c.model.lora_r and c.run.parallel == "fsdp":
         raise build.ConfigError("config key 'parallel': fsdp with LoRA ('lora_r' > 0) is not supported; "
                                 "use parallel=ddp (the base model is frozen, so only the adapter is synced)")
@@ -344,7 +344,8 @@ def make_learner(c: TrainConfig, policy, tokenizer, world: distributed.World = d
                  ref_state: dict | None = None) -> Learner:
     """The reference (none when beta = 0), the sampler, AdamW and its schedule; with
     `parallel=fsdp` on several processes, policy and reference sharded first."""
-    # With LoRA the reference is the base model: the policy with its adapter switched off.
+    # With LoRA the reference is the policy with its adapter switched off: the base, into which
+    # a cold start was merged (resume_or_cold_start), so the policy at the start of GRPO.
     # A frozen image encoder is shared with the reference, except under FSDP2, which shards each
     # model's parameters on its own (a module cannot belong to two sharded models).
     sharding = c.run.parallel == "fsdp" and distributed.initialized()
