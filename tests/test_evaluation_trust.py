@@ -126,6 +126,17 @@ def test_model_run_dir_takes_the_runs_settings_and_a_key_given_wins(trained_run,
     assert f"model: {trained_run / 'final'}" in shown
 
 
+def test_a_runs_final_or_checkpoint_comes_with_the_runs_settings(trained_run, capsys):
+    checkpoint = trained_run / "checkpoints" / "step-1"
+    for named, weights in [(f"model={trained_run / 'final'}", trained_run / "final"),
+                           (str(checkpoint / "config.yaml"), checkpoint),
+                           (f"model={checkpoint}", checkpoint)]:
+        assert main(["eval", named, "--print-config"]) == 0
+        shown = capsys.readouterr().out
+        assert f"model: {weights}\n" in shown, named
+        assert "task: addition" in shown and "max_new_tokens: 3" in shown, named
+
+
 def test_a_run_without_final_is_evaluated_at_its_newest_checkpoint(trained_run, tmp_path, capsys):
     import shutil
     stopped = tmp_path / "stopped"

@@ -89,7 +89,9 @@ def cmd_train(args: list[str], options: dict) -> None:
     config = _config(args)
     result = train(config)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"run directory: {result.run_dir}  (metrics.jsonl, curves.png, final/)")
+        kept = [name for name in ("report.html", "metrics.jsonl", "curves.png", "final/")
+                 if (result.run_dir / name).exists()]
+        print(f"run directory: {result.run_dir}  ({', '.join(kept)})")
 
 
 def cmd_sft(args: list[str], options: dict) -> None:
@@ -224,9 +226,10 @@ COMMANDS: dict[str, Command] = {
                     "run": {"sft_steps", "sft_lr", "sft_batch_size", "seed", "output_dir", "threads"}}),
     "eval": Command(cmd_eval, "grpo eval [CONFIG.yaml | RUN_DIR] [key=value ...] [--out FILE]",
                     "Held-out accuracy of a model, one JSON line: greedy, or eval_samples=N for "
-                    "pass@1, pass@k and maj@k. A run (its directory or config.yaml, or "
-                    "model=RUN_DIR) is evaluated with its trained weights (final/, else its newest "
-                    "checkpoint) and the keys it was trained with; keys given here win. Every row's "
+                    "pass@1, pass@k and maj@k. A run (its directory or config.yaml, or model= "
+                    "RUN_DIR, its final/ or a checkpoint) is evaluated with its trained weights "
+                    "(final/, else its newest checkpoint) and the keys it was trained with; keys "
+                    "given here win. Every row's "
                     "completions and scores go beside what was evaluated (RUN_DIR/eval.jsonl, "
                     "NAME-eval.jsonl beside a model directory) or to --out.",
                     {"--out": ("FILE", "where the per-row results go (as eval_output)"),

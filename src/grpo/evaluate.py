@@ -130,28 +130,49 @@ class EvalSetup:
 
 def eval_setup(path: str | None, overrides: list[str],
                log: Callable[[str], None] = to_stderr) -> EvalSetup:
-    """`grpo eval [CONFIG.yaml] [key=value ...]`. A run named by its directory or its config.yaml
-    (as CONFIG), or by model=RUN_DIR, is evaluated with its trained weights (build.run_weights)
-    and the keys it was trained with; keys in the user's own config file, then on the command
-    line, win over the run's. Anything else is the config as every command reads it."""
+    """`grpo eval [CONFIG.yaml] [key=value ...]`. A run named as CONFIG (its directory or its
+    config.yaml) or as model= (its directory, final/ or a checkpoint) is evaluated with its
+    trained weights (a run directory: build.run_weights) and the keys it was trained with; keys
+    in the user's own config file, then on the command line, win over the run's. Anything else
+    is the config as every command reads it."""
     on_line = parse_overrides(overrides)
-    config_run = build.run_dir_of(path) if path is not None else None
-    from_file = load_yaml(path) if path is not None and config_run is None else {}
+    named = run_weights_named(path) if path is not None else None
+    from_file = load_yaml(path) if path is not None and named is None else {}
     given = {**from_file, **on_line}
-    model = given.get("model")
-    run_dir = build.run_dir_of(str(model)) if model is not None else config_run
-    if config_run is None and run_dir is None:
+    if "model" in given:      # a model given wins; a run's settings still come with CONFIG
+        named, settings = run_weights_named(str(given["model"])), named
+    else:
+        settings = None
+    settings = settings or named
+    if settings is None:
         return EvalSetup(build_config(given), None, frozenset(given))
-    saved = build.run_settings(config_run or run_dir, log)
+    saved = build.run_settings(settings[0], log)
     for key in NOT_EVALUATION_SETTINGS:
         saved.pop(key, None)
     values = {**saved, **given}
-    if run_dir is not None:
-        values["model"] = str(build.run_weights(run_dir, log))
+    if named is not None:
+        values["model"] = str(named[1] or build.run_weights(named[0], log))
     mine = ", ".join(sorted(given)) or "none"
-    log(f"evaluating {values['model']} with the keys run {config_run or run_dir} was trained with "
-        f"(its config.yaml); keys given here win: {mine}")
-    return EvalSetup(build_config(values), run_dir, frozenset(given))
+    log(f"evaluating {values['model']} with the keys run {settings[0]} was trained with (its "
+        f"config.yaml); keys given here win: {mine}")
+    return EvalSetup(build_config(values), named[0] if named else None, frozenset(given))
+
+
+def run_weights_named(thing: str) -> tuple[Path, Path | None] | None:
+    """(run directory, weights) when `thing` is a run's directory (weights None: the run's own,
+    build.run_weights), its config.yaml, its final/ or final/merged, or one of its checkpoints
+    (or the checkpoint's config.yaml); None for anything else."""
+    path = Path(thing).expanduser()
+    if path.name == "config.yaml" and path.is_file():
+        path = path.parent
+    if build.run_dir_of(path) is not None:
+        return path, None
+    for run, inside in ((path.parent, path.name == "final"),
+                        (path.parent.parent, path.parent.name == "checkpoints"),
+                        (path.parent.parent, path.name == "merged" and path.parent.name == "final")):
+        if inside and path.is_dir() and build.run_dir_of(run) is not None:
+            return run, path
+    return None
 
 
 # A run's keys that say where it wrote and how it trained, not what its evaluation is: its output
