@@ -217,3 +217,39 @@ def test_a_second_ctrl_c_stops_at_once():
             os.kill(os.getpid(), signal.SIGINT)     # the second does not wait
             time.sleep(1)
     assert signal.getsignal(signal.SIGINT) == before   # the caller's handler is back
+
+
+def test_the_last_step_is_checkpointed_a_finished_run_says_so_and_more_steps_go_on(tiny_model_dir,
+                                                                                  tmp_path, capsys):
+    from grpo.cli import main
+    run = tmp_path / "run"
+    args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
+            "max_new_tokens=4", "eval_every=0", "save_every=2", "keep_last=5", "threads=1", "seed=3",
+            f"output_dir={run}"]
+    assert main(["train", *args, "steps=3"]) == 0
+    # save_every=2 over 3 steps: step 2, and the last step, 3
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2", "step-3"]
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    metrics_before = (run / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    # resuming the finished run: said, nothing trained or written, exit 0
+    assert main(["train", *args, "steps=3", "resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert (f"resume: the run in {run} is finished: its checkpoint step-3 is at step 3 of steps=3; "
+            "nothing to do. Set steps= above 3 to train on from it") in out
+    assert "step 1/3" not in out and "resuming from" not in out
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+    assert (run / "metrics.jsonl").read_text() == metrics_before
+    # more steps: on from step 3, nothing recomputed
+    assert main(["train", *args, "steps=5", "resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming from {run / 'checkpoints' / 'step-3'} at step 4/5" in out
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2", "step-3", "step-4",
+                                                                      "step-5"]
+    # from Python, the finished run comes back with its metrics and its model
+    from grpo.config import load_config
+    result = train(load_config(None, [*args, "steps=5", "resume=auto"]), log=lambda line: None)
+    assert [m["step"] for m in result.history] == [1, 2, 3, 4, 5]
+    assert result.policy is not None and result.tokenizer is not None

@@ -27,7 +27,7 @@ from grpo.progress import to_stderr
 from grpo.reward_sources import RewardModel, RewardServer
 from grpo.rewards.code import CodeTests, CodeTestsError, spec_from_row
 from grpo.rewards.sandbox import Limits
-from grpo.rewards import RewardFn, get_reward, math_accuracy, reward_name
+from grpo.rewards import REWARDS, RewardError, RewardFn, faults, get_reward, math_accuracy, reward_name, score
 from grpo.rewards.answers import parsed_gold
 from grpo.tasks import get_task
 from grpo.environments import EnvironmentError_, environment_factory
@@ -326,7 +326,11 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
                       d.image_column)
     task = None
     if d.dataset:
+        if log is not None:
+            log(reading_note("dataset", d.dataset, d.dataset_split))
         train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split)
+        if log is not None:
+            log(f"dataset: {len(train_rows):,} rows from {d.dataset}")
         random.Random(config.run.seed).shuffle(train_rows)
         demonstrations = [(r, "", str(r["completion"])) for r in train_rows if "completion" in r]
     else:
@@ -338,6 +342,8 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
             turns = [("", shown)] if isinstance(shown, str) else shown
             demonstrations += [(r, context, target) for context, target in turns]
     if d.eval_dataset:
+        if log is not None:
+            log(reading_note("eval_dataset", d.eval_dataset, d.eval_split))
         eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split)
     else:
         eval_rows = task.eval_rows() if task is not None else []
@@ -377,6 +383,70 @@ def eval_cut_line(config: TrainConfig, data: Data) -> str | None:
            f"eval_size unset: a built-in task's first {TASK_EVAL_SIZE}")
     return (f"evaluating the first {len(data.eval_rows)} of {data.eval_rows_available} held-out "
             f"rows ({why}; eval_size=N sets how many, logged as eval/n of eval/rows)")
+
+
+def reading_note(key: str, path: str, split: str) -> str:
+    """Said before a dataset is read, which takes a while for a large one: what, and how big."""
+    where = Path(path).expanduser()
+    if where.is_file():
+        return f"{key}: reading {path} ({where.stat().st_size / 1e6:.1f} MB)"
+    if where.is_dir():
+        return f"{key}: reading the files of {path}"
+    return f"{key}: reading {path} (split {split}) from the hub or its cache"
+
+
+def check_engine(config: TrainConfig) -> None:
+    """`sampler=vllm` needs vLLM importable here: found at start, not after the cold start."""
+    if config.sampling.sampler != "vllm":
+        return
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ConfigError("config key 'sampler': sampler=vllm needs vLLM, which is not installed here: "
+                          "pip install 'vllm>=0.11' (GPU only; in a clone of grpo: pip install -e "
+                          "'.[vllm]'); or set sampler=hf") from None
+
+
+def check_rewards(config: TrainConfig, tokenizer, data: Data) -> None:
+    """One dry call of each of the user's reward functions, before any training: on the first
+    training row, with that row's own completion or answer (else an empty string) standing in for
+    a sampled completion. A function that raises (with reward_on_error=raise), has a signature the
+    call does not fit, returns the wrong number of values or a value that is not finite stops the
+    run here, named, as it would at step 1. Nothing is recorded: no metric, no fault count.
+    The built-ins, code_tests, reward models and reward servers are not called: their contract is
+    the project's own (a server's first request is step 1's, with its own timeout and retries)."""
+    mine = [(fn, w) for fn, w in zip(data.reward_fns, data.reward_weights) if _users_own(fn)]
+    if not mine or not data.train_rows:
+        return
+    row = data.train_rows[0]
+    stand_in = next((str(row[k]) for k in ("completion", "answer") if row.get(k) is not None), "")
+    where = f"{source_of(config, 'train_rows')} row {row.get('_row', 0) + 1}"
+    from grpo.data import columns_of
+    try:
+        score([fn for fn, _ in mine], [w for _, w in mine], prompt_texts(config, tokenizer, [row]),
+              [stand_in], columns_of([row], 1), on_error=config.reward.reward_on_error,
+              unscorable=config.reward.unscorable)
+    except RewardError as e:
+        raise RewardError(f"before training, a dry call on {where} (completion {stand_in[:40]!r}): "
+                          f"{e}") from None
+    finally:
+        faults.take()     # the stand-in's counts are no step's
+
+
+def _users_own(fn: RewardFn) -> bool:
+    """A reward function the project did not write: a user's function given as module:function
+    or from Python (not a built-in, code_tests, a reward model or a reward server)."""
+    return (fn not in REWARDS.values() and not isinstance(fn, (CodeTests, RewardModel, RewardServer)))
+
+
+def check_batch(config: TrainConfig, data: Data, log) -> None:
+    """A note at start when the dataset holds fewer rows than a step's prompts: every step then
+    samples some prompts twice or more, as separate groups."""
+    n, wanted = len(data.train_rows), config.sampling.prompts_per_step
+    if config.data.dataset and n < wanted:
+        log(f"{config.data.dataset} has {n} row{'s' if n != 1 else ''} (after the checks), fewer than "
+            f"prompts_per_step={wanted}: every step repeats prompts, each as a group of its own; set "
+            f"prompts_per_step={n} or lower for distinct prompts")
 
 
 def choose_rewards(config: TrainConfig, given: list[RewardFn] | None, task, env_name: str

@@ -160,6 +160,9 @@ class RunawayWatch:
         KL alone is no sign (the demo, learning from a random model, ends its 300 steps at a kl of
         1.3-1.7 with held-out accuracy 0.94).
     docs/guides/troubleshooting.md says how to pick an lr. An empty note when neither holds.
+
+    Also noted, though it is no runaway: a step where every group's rewards are equal
+    (`advantage/zero_std_frac` 1), whose advantages are all 0, so the reward taught nothing.
     """
     WINDOW = 3
     ENTROPY_DROP = 0.5
@@ -169,6 +172,7 @@ class RunawayWatch:
     def __init__(self):
         self.entropies: list[float] = []
         self.rewards: list[float] = []
+        self.flat_steps = 0          # steps in a row where every group's rewards were equal
 
     def note(self, m: dict) -> str:
         entropy, kl = m.get("entropy", math.nan), m.get("kl", math.nan)
@@ -176,6 +180,13 @@ class RunawayWatch:
         self.entropies.append(entropy)
         self.rewards.append(reward)
         notes = []
+        if m.get("advantage/zero_std_frac") == 1.0 and not math.isnan(reward):
+            self.flat_steps += 1
+            notes.append(f"every group's rewards are equal ({self.flat_steps} step"
+                         f"{'s' if self.flat_steps > 1 else ''} in a row): advantages 0, nothing "
+                         "learned; docs/guides/troubleshooting.md")
+        else:
+            self.flat_steps = 0
         if len(self.entropies) > self.WINDOW:
             before = sum(self.entropies[-1 - self.WINDOW:-1]) / self.WINDOW
             if entropy < self.ENTROPY_DROP * before:

@@ -52,7 +52,8 @@ class Progress:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
             self.bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                           TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                           TimeElapsedColumn(), TextColumn("elapsed"), TimeRemainingColumn(),
+                           TextColumn("left"),
                            TextColumn("{task.fields[line]}"),
                            console=Console(file=self.stream, highlight=False), transient=True)
             self.bar.start()

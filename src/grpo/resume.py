@@ -139,6 +139,14 @@ def find(c: TrainConfig, log: Callable[[str], None]) -> Path | None:
     return path
 
 
+def step_of(path: Path) -> int:
+    """The step a checkpoint was written after (its trainer state, else its step-N name)."""
+    state = path / "trainer_state.pt"
+    if state.is_file():
+        return int(torch.load(state, weights_only=False)["step"])
+    return int(path.name.removeprefix("step-"))
+
+
 def changed_keys(c: TrainConfig, path: Path) -> list[str]:
     """Keys whose value differs from the checkpoint's config, beyond those free to change."""
     import yaml

@@ -17,6 +17,7 @@ pass computes them (the ratio is 1 and the gradient is the same); `beta = 0` loa
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from contextlib import contextmanager, nullcontext
@@ -91,11 +92,14 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     build.check_choices(c)
     check_world(c, world)
     check_trackers(c.run.report_to)
+    build.check_engine(c)
     write_files = write_files and world.is_main   # only rank 0 writes; the others stay quiet
     if not world.is_main:
         log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
+    if checkpoint is not None and resume.step_of(checkpoint) >= c.run.steps:
+        return finished_run(c, checkpoint, log)
     data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log)
     policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log, world)
     distributed.broadcast_parameters(policy, world)
@@ -103,6 +107,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     build.check_lr(c, policy, log)
     build.check_selection(c, log)
+    build.check_batch(c, data, log)
+    build.check_rewards(c, tokenizer, data)
     policy = resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log,
                                   run_dir if write_files else None, world)
     learner = make_learner(c, policy, tokenizer, world, resume.reference_state(checkpoint))
@@ -168,7 +174,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
                 accuracy = evaluate_now(step, bar)
             signum = stop.requested(world)
-            if (c.run.save_every and step % c.run.save_every == 0) or signum:
+            if (c.run.save_every and (step % c.run.save_every == 0 or step == c.run.steps)) or signum:
                 ahead, position = None, stream
                 if groups is not None:   # steps step+1 .. step+k were sampled from older weights
                     queued, workers_at = groups.ahead(step)
@@ -188,6 +194,20 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         write_report(run_dir)
     distributed.barrier(world)
     return RunResult(run_dir, history, policy, tokenizer)
+
+
+def finished_run(c: TrainConfig, checkpoint: Path, log) -> RunResult:
+    """`resume` on a run whose checkpoint is at (or past) `steps`: nothing to train. Said, and the
+    run as it is returned (its metrics, and the checkpoint's model); no file is written."""
+    from grpo.models import load_policy, load_tokenizer
+    done, run_dir = resume.step_of(checkpoint), Path(c.run.output_dir)
+    log(f"resume: the run in {run_dir} is finished: its checkpoint {checkpoint.name} is at step "
+        f"{done} of steps={c.run.steps}; nothing to do. Set steps= above {done} to train on from it")
+    metrics_file = run_dir / "metrics.jsonl"
+    history = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
+        if metrics_file.is_file() else []
+    return RunResult(run_dir, history, load_policy(str(checkpoint), c.model.dtype),
+                     load_tokenizer(str(checkpoint), c.model.chat_template))
 
 
 def resume_or_cold_start(c: TrainConfig, policy, tokenizer, data: build.Data, checkpoint: Path | None,
