@@ -2,6 +2,7 @@
 gets a number (a reward) or an observation (a tool) in bounded time. The bounds are generous (ten
 times the deadline, or seconds where there is none) so they cannot be flaky, but a stall fails."""
 
+import json
 import time
 
 import pytest
@@ -104,3 +105,79 @@ def test_reading_tool_calls_is_linear_in_the_completion(parse, opening):
     assert len(calls) == 1
     if parse == "parse_hermes":
         assert calls[0].error is not None and "RecursionError" in calls[0].error
+
+
+# ---- Values and output a program sends back: judged in time linear in their size --------------
+# 40,000 integers k * (2**61 - 1) all hash to 0: a set or a dict of them takes quadratic time to
+# build (about 20 s here, and 20 to 30 minutes at the 8 MiB a result line may hold).
+
+COLLIDING = [k * (2 ** 61 - 1) for k in range(40_000)]
+COLLIDING_SHAPES = {
+    "set": {"s": COLLIDING},
+    "dict": {"d": [[k, 1] for k in COLLIDING]},
+    "Counter": {"ctr": [[k, 1] for k in COLLIDING]},
+    "frozenset in a tuple in a list": [{"t": [{"fs": COLLIDING}]}],
+}
+
+
+@pytest.mark.parametrize("shape", COLLIDING_SHAPES)
+def test_values_whose_keys_share_one_hash_are_refused_where_they_are_rebuilt(shape):
+    # the tests' process rebuilds what the program returns, as real sets and dicts
+    from grpo.rewards.harness import decode
+    with pytest.raises(ValueError, match="share one hash"):
+        decode(COLLIDING_SHAPES[shape])
+
+
+@pytest.mark.parametrize("shape", COLLIDING_SHAPES)
+def test_the_trainer_judges_returned_values_without_rebuilding_them(shape):
+    from grpo.rewards.code import judge_cases, judge_tests, spec_from_row
+    value = COLLIDING_SHAPES[shape]
+    started = time.monotonic()
+    # an assert against a literal: the literal stays in the trainer, compared there
+    for literal in ("{0, 1, 2}", "{0: 1, 2: 1}", "[{0, 1}]"):
+        spec = spec_from_row({"test_list": [f"assert f() == {literal}"]})
+        assert judge_tests(spec, {"done": True, "ran": {}, "lit": {"0": [value]}}) == (0, 1)
+    # a call-based case (APPS), its expected value from JSON
+    spec = spec_from_row({"input_output": {"inputs": [[1]], "outputs": [[0, 1]], "fn_name": "f"}})
+    assert judge_cases(spec, {"results": [{"value": value}]}) == (0, 1)
+    assert time.monotonic() - started < 1.0
+
+
+def test_judging_a_returned_value_keeps_pythons_equality():
+    from grpo.rewards.code import judge_cases, judge_tests, spec_from_row
+    from grpo.rewards.harness import encode
+
+    def lit(value, literal):
+        spec = spec_from_row({"test_list": [f"assert f() == {literal}"]})
+        record = json.loads(json.dumps(encode(value)))
+        return judge_tests(spec, {"done": True, "ran": {}, "lit": {"0": [record]}}) == (1, 1)
+
+    from collections import Counter, OrderedDict, deque
+    from decimal import Decimal
+    from fractions import Fraction
+    assert lit({1, 2.0, True}, "{1, 2}")                       # {1, 2.0, True} is {1, 2.0}
+    assert lit({1, 2.0}, "{2, 1}") and lit(frozenset({(1, "a")}), "{(1, 'a')}")
+    assert lit(OrderedDict([(2, "b"), (1, "a")]), "{1: 'a', 2: 'b'}")
+    assert lit(Counter("aab"), "{'a': 2, 'b': 1}") and not lit(Counter("aab"), "{'a': 2}")
+    assert lit({(1, 2): [Fraction(1, 2)]}, "{(1, 2): [0.5]}") and lit(Decimal("1.50"), "1.5")
+    assert not lit({1: 2}, "{1: 3}") and not lit({1: 2}, "{2: 2}") and not lit({1}, "[1]")
+    assert not lit(deque([1]), "[1]") and not lit((1,), "[1]") and lit(1 + 0j, "1")
+    assert not lit([float("nan")], "[1]") and not lit(float("inf"), "1e308")
+    assert not lit(2 ** 70000, "2") and lit({frozenset({1}): 1}, "{1: 1}") is False
+    # a set with two copies of one element (no real set has one) matches nothing
+    spec = spec_from_row({"test_list": ["assert f() == {1, 2}"]})
+    assert judge_tests(spec, {"done": True, "ran": {}, "lit": {"0": [{"s": [1, 1]}]}}) == (0, 1)
+    spec = spec_from_row({"input_output": {"inputs": [[1]], "outputs": [{"1": [2]}], "fn_name": "f"}})
+    assert judge_cases(spec, {"results": [{"value": encode({1: (2,)})}]}) == (1, 1)
+
+
+def test_judging_standard_output_is_linear_in_its_size():
+    from grpo.rewards.code import codecontests_output, exact_output
+    started = time.monotonic()
+    # 300,000 blank lines before the answer (the cap allows that against a 200 KB expected output)
+    expected = "1\n" * 100_000
+    assert exact_output("\n" * 300_000 + "1\n" * 50_000, expected) is False
+    assert exact_output("\n" * 300_000 + expected, expected) is True
+    # one long token that is almost a number: read as text
+    assert codecontests_output("7" * 20_000 + "x", "7" * 20_001) is False
+    assert time.monotonic() - started < 1.0

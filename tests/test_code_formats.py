@@ -859,3 +859,16 @@ def test_a_module_name_the_tests_read_attributes_of_is_never_the_programs(reward
     assert score(reward, row, fake, prompt="") == 0.0
     assert score(reward, row, "import math\ndef area(r):\n    return math.pi * r * r\n",
                  prompt="") == 1.0
+
+
+@needs_sandbox
+def test_a_forged_colliding_set_costs_the_trainer_nothing(reward):
+    # a call-based program runs in the harness's process, so it can replace the harness's encoder
+    # and send 40,000 integers that share one hash as a set: rebuilt, that took 20 s of the trainer
+    row = {"input_output": json.dumps({"inputs": [[1]], "outputs": [[1]], "fn_name": "f"})}
+    forged = ("import sys\nh = sys.modules['__main__']\n"
+              "h.encode = lambda *a, **k: {'s': [k * (2 ** 61 - 1) for k in range(40_000)]}\n"
+              "def f(x):\n    return 1\n")
+    started = time.monotonic()
+    assert score(reward, row, forged, prompt="") == 0.0
+    assert time.monotonic() - started < DEADLINE + 1.5

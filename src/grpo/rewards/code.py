@@ -36,7 +36,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 from grpo.rewards import faults
-from grpo.rewards.harness import decode
+from grpo.rewards.harness import Unhashed, decode_unhashed, same
 from grpo.rewards.sandbox import Limits, isolation_level, run_program
 
 
@@ -342,11 +342,9 @@ def exact_output(got: str, expected: str) -> bool:
 
 def _lines(text: str) -> list[str]:
     lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    while lines and not lines[0]:
-        lines.pop(0)
-    return lines
+    first = next((k for k, line in enumerate(lines) if line), len(lines))
+    last = next((k for k in range(len(lines) - 1, first - 1, -1) if lines[k]), first - 1)
+    return lines[first:last + 1]            # one slice: popping from the front is quadratic
 
 
 def apps_output(got: str, expected: str) -> bool:
@@ -388,10 +386,11 @@ def codecontests_output(got: str, expected: str) -> bool:
 
 def _cc_number(token: str):
     """(int or None, float or None) as the tester's SimpleAtoi and SimpleAtod read a token."""
-    whole = int(token) if _CC_INT.fullmatch(token) and len(token) < 12 else None
+    # the length first: the float pattern backtracks quadratically on a long run of digits
+    whole = int(token) if len(token) < 12 and _CC_INT.fullmatch(token) else None
     if whole is not None and not -2**31 <= whole < 2**31:
         whole = None
-    number = float(token) if _CC_FLOAT.fullmatch(token) and len(token) < 400 else None
+    number = float(token) if len(token) < 400 and _CC_FLOAT.fullmatch(token) else None
     return whole, number
 
 
@@ -430,8 +429,8 @@ def apps_value(got, expected) -> bool:
     rule compares with the first element of any list, which a longer expected list would turn
     into a pass for a partial answer; here the list must hold exactly one element."""
     got = _as_json(got)
-    return got == expected or (isinstance(expected, list) and len(expected) == 1
-                               and got == expected[0])
+    return same(got, expected) or (isinstance(expected, list) and len(expected) == 1
+                                   and same(got, expected[0]))
 
 
 def livecodebench_value(got, expected) -> bool:
@@ -439,12 +438,12 @@ def livecodebench_value(got, expected) -> bool:
     list (at the top level only), then Python's == against the JSON value; no wrapping rule."""
     if type(got) is tuple:
         got = list(got)
-    return bool(got == expected)
+    return same(got, expected)
 
 
 def exact_value(got, expected) -> bool:
     """This project's own call cases: tuples read as lists, then Python's ==; no wrapping rule."""
-    return bool(_as_json(got) == expected)
+    return same(_as_json(got), expected)
 
 
 OUTPUT_RULES = {"apps": apps_output, "codecontests": codecontests_output,
@@ -454,10 +453,15 @@ VALUE_RULES = {"apps": apps_value, "livecodebench": livecodebench_value, "exact"
 
 
 def _as_json(value):
+    """Tuples as lists and mapping keys as JSON's strings, as a value would read back from JSON;
+    values from the sandbox (harness.decode_unhashed) stay unbuilt."""
     if isinstance(value, (tuple, list)):
         return [_as_json(v) for v in value]
     if isinstance(value, dict):
-        return {k if isinstance(k, str) else json.dumps(k): _as_json(v) for k, v in value.items()}
+        value = Unhashed("dict", list(value.items()))
+    if type(value) is Unhashed and value.kind == "dict":
+        return Unhashed("dict", [(k if isinstance(k, str) else json.dumps(k), _as_json(v))
+                                 for k, v in value.items])
     return value
 
 
@@ -515,21 +519,15 @@ def _outcomes(spec: TestSpec, payload) -> tuple[list | None, bool]:
             if key not in lit:
                 every.append(None)
                 continue
-            values = [decode(v) for v in lit[key]]
-            every.append(bool(values) and all(_equal(v, spec.expected[index]) for v in values))
+            # compared as they came, never rebuilt as sets or dicts here (harness.same)
+            values = [decode_unhashed(v) for v in lit[key]]
+            every.append(bool(values) and all(same(v, spec.expected[index]) for v in values))
         elif key in ran:
             count, failed = ran[key]
             every.append(int(count) > 0 and int(failed) == 0)
         else:
             every.append(None)
     return every, payload.get("done") is True
-
-
-def _equal(got, expected) -> bool:
-    try:
-        return bool(got == expected)
-    except Exception:  # noqa: BLE001 - comparing odd literals
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,25 +637,31 @@ class CodeTests:
             faults.count("code_tests", "rejected")
         if spec.mode == "tests":
             return judge_tests(spec, payload)
-        results = (payload or {}).get("results", [])
-        if not isinstance(results, list):
-            return 0, len(spec.outputs)
-        if any(isinstance(r, dict) and r.get("cut") for r in results):
-            faults.count("code_tests", "output_too_long")
-        passed = 0
-        compare = OUTPUT_RULES[spec.grader] if spec.mode == "stdio" else VALUE_RULES[spec.grader]
-        for k, expected in enumerate(spec.outputs):
-            got = results[k] if k < len(results) and isinstance(results[k], dict) else {}
-            try:
-                if spec.mode == "stdio":
-                    # output that hit the cap fails: what was cut off could be anything
-                    passed += (isinstance(got.get("out"), str) and "cut" not in got
-                               and compare(got["out"], expected))
-                elif "value" in got:
-                    passed += compare(decode(got["value"]), expected)
-            except Exception:  # noqa: BLE001 - a malformed value, or one that cannot be compared
-                faults.count("code_tests", "malformed_result")
-        return passed, len(spec.outputs)
+        return judge_cases(spec, payload)
+
+
+def judge_cases(spec: TestSpec, payload: dict | None) -> tuple[int, int]:
+    """(cases passed, cases) for a `stdio` or `calls` run, each compared by the row's benchmark's
+    rule; a returned value is compared as it came (harness.same), never rebuilt."""
+    results = (payload or {}).get("results", [])
+    if not isinstance(results, list):
+        return 0, len(spec.outputs)
+    if any(isinstance(r, dict) and r.get("cut") for r in results):
+        faults.count("code_tests", "output_too_long")
+    passed = 0
+    compare = OUTPUT_RULES[spec.grader] if spec.mode == "stdio" else VALUE_RULES[spec.grader]
+    for k, expected in enumerate(spec.outputs):
+        got = results[k] if k < len(results) and isinstance(results[k], dict) else {}
+        try:
+            if spec.mode == "stdio":
+                # output that hit the cap fails: what was cut off could be anything
+                passed += (isinstance(got.get("out"), str) and "cut" not in got
+                           and compare(got["out"], expected))
+            elif "value" in got:
+                passed += compare(decode_unhashed(got["value"]), expected)
+        except Exception:  # noqa: BLE001 - a malformed value, or one that cannot be compared
+            faults.count("code_tests", "malformed_result")
+    return passed, len(spec.outputs)
 
 
 _DEFAULT: CodeTests | None = None

@@ -127,12 +127,13 @@ def _decode_tagged(tag, body, handles):
         raise TypeError(tag)
     if tag == "t":
         return tuple(decode(v, handles) for v in body)
-    if tag == "s":
-        return set(decode(v, handles) for v in body)
-    if tag == "fs":
-        return frozenset(decode(v, handles) for v in body)
+    if tag in ("s", "fs"):
+        items = [decode(v, handles) for v in body]
+        _spread_hashes(items)
+        return set(items) if tag == "s" else frozenset(items)
     if tag in ("d", "o", "ctr"):
         pairs = [(decode(k, handles), decode(v, handles)) for k, v in body]
+        _spread_hashes([k for k, _ in pairs])
         if tag == "ctr":
             return collections.Counter(dict(pairs))
         return dict(pairs) if tag == "d" else collections.OrderedDict(pairs)
@@ -164,6 +165,135 @@ def _decode_tagged(tag, body, handles):
             raise TypeError(tag)                    # a signalling NaN raises when compared
         return value
     raise ValueError(f"unknown tag {tag!r}")
+
+
+SHARED_HASH_LIMIT = 16    # keys of one set or dict that may share a hash value
+
+
+def _spread_hashes(keys) -> None:
+    """Refuse keys of which more than SHARED_HASH_LIMIT share one hash: a set or dict of n such
+    keys takes n * n / 2 comparisons to build (40,000 integers k * (2**61 - 1), which all hash
+    to 0, take 20 s). Sorted, not counted in a dict, whose own hashing the program would choose."""
+    hashes = sorted(hash(k) for k in keys)           # an unhashable key raises TypeError: malformed
+    run = 1
+    for before, after in zip(hashes, hashes[1:]):
+        run = run + 1 if before == after else 1
+        if run > SHARED_HASH_LIMIT:
+            raise ValueError(f"more than {SHARED_HASH_LIMIT} keys share one hash")
+
+
+class Unhashed:
+    """A set, frozenset, dict (defaultdict, Counter, OrderedDict) or deque that came back from the
+    program, as the list of its elements (of its (key, value) pairs for a mapping), never built:
+    building it would hash keys the program chose. `same` compares it; `==` is refused."""
+
+    __slots__ = ("kind", "items")
+    __hash__ = None
+
+    def __init__(self, kind: str, items: list):
+        self.kind, self.items = kind, items
+
+    def __eq__(self, other):
+        raise TypeError("compare values that came back with same(), not ==")
+
+    __ne__ = __eq__
+
+    def __repr__(self):
+        return f"Unhashed({self.kind!r}, {self.items!r})"
+
+
+_HASHED = {"s": "set", "fs": "frozenset", "d": "dict", "o": "dict", "ctr": "dict", "q": "deque"}
+
+
+def decode_unhashed(data, depth=0):
+    """`decode` for the trainer, linear in the size of `data`: lists, tuples and scalars as
+    `decode` builds them, sets, mappings and deques as `Unhashed`. Malformed data (a key that no
+    real set or dict could hold among them) raises ValueError, as in `decode`."""
+    if depth > 101:
+        raise ValueError("nested more than 100 deep")
+    if type(data) is list:
+        return [decode_unhashed(v, depth + 1) for v in data]
+    if type(data) is not dict or len(data) != 1:
+        return decode(data)                          # a scalar, or malformed: decode says which
+    (tag, body), = data.items()
+    if tag == "t" and type(body) is list:
+        return tuple(decode_unhashed(v, depth + 1) for v in body)
+    if tag not in _HASHED:
+        return decode(data)
+    if type(body) is not list or (_HASHED[tag] == "dict" and not all(
+            type(pair) is list and len(pair) == 2 for pair in body)):
+        raise ValueError(f"malformed {tag!r} value")
+    if _HASHED[tag] != "dict":
+        items = [decode_unhashed(v, depth + 1) for v in body]
+    else:
+        items = [(decode_unhashed(k, depth + 1), decode_unhashed(v, depth + 1)) for k, v in body]
+    if _HASHED[tag] != "deque" and not all(
+            _key_shaped(k) for k in (items if _HASHED[tag] != "dict" else (k for k, _ in items))):
+        raise ValueError(f"malformed {tag!r} value (an unhashable key)")
+    return Unhashed(_HASHED[tag], items)
+
+
+def _key_shaped(value) -> bool:
+    """Whether a real set or dict could hold `value` (as `decode_unhashed` gives it) as a key."""
+    if type(value) is tuple:
+        return all(_key_shaped(v) for v in value)
+    if type(value) is Unhashed:
+        return value.kind == "frozenset"
+    return type(value) is not list
+
+
+def same(got, expected) -> bool:
+    """Python's `got == expected`, where `got` came back from the program (`decode_unhashed`'s
+    form, or a plain value) and `expected` is the row's own value (a literal, a JSON value). Time
+    is linear in the size of `got` (and of `expected`): a set or mapping that came back is matched
+    against `expected`'s hash table, one lookup per element, and never built. A set or mapping
+    nested as a key matches nothing (no literal key holds one)."""
+    if type(got) is not Unhashed and isinstance(got, (set, frozenset, dict, _DEQUE)):
+        got = _unhashed(got)
+    if type(got) is Unhashed:
+        return _same_unhashed(got, expected)
+    if type(got) in (list, tuple) or isinstance(got, tuple):
+        kind = list if type(got) is list else tuple
+        return (isinstance(expected, kind) and len(got) == len(expected)
+                and all(same(g, e) for g, e in zip(got, expected)))
+    if isinstance(expected, (list, tuple, set, frozenset, dict, _DEQUE)):
+        return False
+    try:
+        return bool(got == expected)
+    except Exception:  # noqa: BLE001 - values that cannot be compared
+        return False
+
+
+def _unhashed(value) -> Unhashed:
+    if isinstance(value, dict):
+        return Unhashed("dict", list(value.items()))
+    kind = "deque" if isinstance(value, _DEQUE) else "set" if isinstance(value, set) else "frozenset"
+    return Unhashed(kind, list(value))
+
+
+def _same_unhashed(got: Unhashed, expected) -> bool:
+    if got.kind == "deque":
+        return (isinstance(expected, _DEQUE) and len(got.items) == len(expected)
+                and all(same(g, e) for g, e in zip(got.items, expected)))
+    mapping = got.kind == "dict"
+    if not isinstance(expected, dict if mapping else (set, frozenset)) \
+            or len(got.items) != len(expected):
+        return False
+    index = {key: k for k, key in enumerate(expected)}       # the row's keys: its own hashing
+    values = list(expected.values()) if mapping else None
+    matched = set()
+    for item in got.items:
+        key = item[0] if mapping else item
+        try:
+            k = index.get(key)
+        except TypeError:                            # a key holding a set: no literal key does
+            return False
+        if k is None or k in matched:                # two copies of one key: no real set has them
+            return False
+        matched.add(k)
+        if mapping and not same(item[1], values[k]):
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
