@@ -392,6 +392,8 @@ def reading_note(key: str, path: str, split: str) -> str:
         return f"{key}: reading {path} ({where.stat().st_size / 1e6:.1f} MB)"
     if where.is_dir():
         return f"{key}: reading the files of {path}"
+    if path.startswith("("):      # rows given from Python: "(N rows given to train())"
+        return f"{key}: {path}"
     return f"{key}: reading {path} (split {split}) from the hub or its cache"
 
 

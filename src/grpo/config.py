@@ -351,7 +351,8 @@ class RunConfig:
     """Evaluate on held-out prompts every this many steps, and at step 0 and the end; 0 turns it off."""
     save_every: int = 50
     """Write a checkpoint (`checkpoints/step-N/`: model, optimizer, scheduler, data position,
-    random states) this often; 0 writes none but `final/` (and one on SIGTERM or Ctrl-C)."""
+    random states) this often and at the last step; 0 writes none but `final/` (and one on
+    SIGTERM or Ctrl-C)."""
     keep_last: int = 2
     """Checkpoints kept: older ones are deleted once a newer one is written; 0 keeps all."""
     resume: str = ""
