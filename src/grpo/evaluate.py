@@ -136,26 +136,25 @@ def eval_setup(path: str | None, overrides: list[str],
     in the user's own config file, then on the command line, win over the run's. Anything else
     is the config as every command reads it."""
     on_line = parse_overrides(overrides)
-    named = run_weights_named(path) if path is not None else None
-    from_file = load_yaml(path) if path is not None and named is None else {}
+    as_config = run_weights_named(path) if path is not None else None
+    from_file = load_yaml(path) if path is not None and as_config is None else {}
     given = {**from_file, **on_line}
-    if "model" in given:      # a model given wins; a run's settings still come with CONFIG
-        named, settings = run_weights_named(str(given["model"])), named
-    else:
-        settings = None
-    settings = settings or named
+    # whose weights: model='s run when a model is given (a model given wins), else CONFIG's run;
+    # whose keys: CONFIG's run, else model='s
+    evaluated = run_weights_named(str(given["model"])) if "model" in given else as_config
+    settings = as_config or evaluated
     if settings is None:
         return EvalSetup(build_config(given), None, frozenset(given))
     saved = build.run_settings(settings[0], log)
     for key in NOT_EVALUATION_SETTINGS:
         saved.pop(key, None)
     values = {**saved, **given}
-    if named is not None:
-        values["model"] = str(named[1] or build.run_weights(named[0], log))
+    if evaluated is not None:
+        values["model"] = str(evaluated[1] or build.run_weights(evaluated[0], log))
     mine = ", ".join(sorted(given)) or "none"
     log(f"evaluating {values['model']} with the keys run {settings[0]} was trained with (its "
         f"config.yaml); keys given here win: {mine}")
-    return EvalSetup(build_config(values), named[0] if named else None, frozenset(given))
+    return EvalSetup(build_config(values), evaluated[0] if evaluated else None, frozenset(given))
 
 
 def run_weights_named(thing: str) -> tuple[Path, Path | None] | None:
@@ -167,9 +166,10 @@ def run_weights_named(thing: str) -> tuple[Path, Path | None] | None:
         path = path.parent
     if build.run_dir_of(path) is not None:
         return path, None
+    merged = path.name == "merged" and path.parent.name == "final"
     for run, inside in ((path.parent, path.name == "final"),
                         (path.parent.parent, path.parent.name == "checkpoints"),
-                        (path.parent.parent, path.name == "merged" and path.parent.name == "final")):
+                        (path.parent.parent, merged)):
         if inside and path.is_dir() and build.run_dir_of(run) is not None:
             return run, path
     return None

@@ -44,11 +44,12 @@ def score_file(args: list[str], column: str | None = None, out: str | None = Non
     data = build.load_data(config)
     rows = sorted(data.train_rows, key=lambda r: r["_row"])     # as in the file
     d = config.data
-    table = load_table(d.dataset, d.dataset_config, d.dataset_split)   # the columns as the file names them
+    # the columns as the file names them (load_rows renames the prompt's and the answer's)
+    table = load_table(d.dataset, d.dataset_config, d.dataset_split)
     column = column or next((c for c in COMPLETION_COLUMNS if c in table.column_names), None)
     if column is None or column not in table.column_names:
-        raise DataError(f"{d.dataset}: no completion column "
-                        f"{' or '.join(repr(c) for c in ([column] if column else COMPLETION_COLUMNS))} (columns: "
+        wanted = " or ".join(repr(c) for c in ([column] if column else COMPLETION_COLUMNS))
+        raise DataError(f"{d.dataset}: no completion column {wanted} (columns: "
                         f"{sorted(table.column_names)}); name it with --completions COLUMN")
     texts = table[column]
     per_row = [completions_of({**row, column: texts[row["_row"]]}, column, d.dataset)
@@ -102,7 +103,8 @@ def _score_rows(config, data: build.Data, rows: list[dict], per_row: list[list[s
     """Every completion's reward (the weighted sum) and each function's, row by row as results
     for passk.summarize and the JSONL file; with votes, each completion's extracted answer."""
     # the completions' own column is no keyword of the rewards (prompt and answer stay theirs)
-    kept = [{k: v for k, v in r.items() if k != column or k in ("prompt", "answer")} for r in rows]
+    kept = [{k: v for k, v in r.items() if k != column or k in ("prompt", "answer")}
+            for r in rows]
     prompts, completions, columns = [], [], {}
     for row, comps in zip(kept, per_row):
         prompts += [_prompt_text(row["prompt"])] * len(comps)
