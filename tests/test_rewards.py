@@ -227,13 +227,28 @@ def test_non_list_return_names_the_function():
         score([scalar_reward], [1.0], ["p"], ["a"], {})
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "1.0", True])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "1.0", [1.0]])
 def test_non_finite_or_non_number_names_the_function(bad):
     def broken_reward(prompts, completions, **columns):
         return [0.0, bad]
 
     with pytest.raises(RewardError, match=r"'broken_reward' returned .* for completion 1"):
         score([broken_reward], [1.0], ["p"] * 2, ["a", "b"], {})
+
+
+def test_a_reward_of_bools_counts_true_as_one_and_false_as_zero():
+    import numpy as np
+
+    def is_right(prompts, completions, **columns):
+        return [c == "4" for c in completions]          # Python bools
+
+    def numpy_checks(prompts, completions, **columns):
+        return [np.bool_(True), np.float32(0.5)]
+
+    totals, per_fn = score([is_right, numpy_checks], [2.0, 1.0], ["p"] * 2, ["4", "5"], {})
+    assert per_fn == {"is_right": [1.0, 0.0], "numpy_checks": [1.0, 0.5]}
+    assert totals == [3.0, 0.5]                         # 2 * 1 + 1, 2 * 0 + 0.5
+    assert all(type(v) is float for values in per_fn.values() for v in values)
 
 
 def test_reward_error_is_a_value_error():

@@ -3,12 +3,13 @@
 Contract: `fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]`.
 Extra dataset columns (such as `answer`) arrive as keyword arguments, one list each. `None` means
 "cannot be scored": the row is left out of its group's statistics and gets advantage 0. A list of the
-wrong length or a non-finite value is an error that names the function.
+wrong length or a non-finite value is an error that names the function; a bool counts as 1.0 or 0.0.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -97,6 +98,20 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     return values
 
 
+def _as_reward(value, name: str, i: int) -> float | None:
+    """One returned value as a reward: None stays None; a number, NumPy's included, is a float;
+    a bool (Python's or NumPy's, from a check such as `answer == gold`) is 1.0 or 0.0."""
+    if value is None:
+        return None
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if isinstance(value, (bool, numbers.Real)) or numpy_bool:
+        number = float(value)
+        if math.isfinite(number):
+            return number
+    raise RewardError(f"reward function '{name}' returned {value!r} for completion {i}; "
+                      "rewards must be finite numbers (or bools), or None when unscorable")
+
+
 UNSCORABLE = ("any", "all")   # a row is unscorable when any / when all of its functions return None
 
 
@@ -126,12 +141,7 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise RewardError(f"reward function '{name}' returned {got} values for {n} completions; "
                               "it must return one float or None per completion")
-        for i, v in enumerate(values):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or not math.isfinite(v)):
-                raise RewardError(f"reward function '{name}' returned {v!r} for completion {i}; "
-                                  "rewards must be finite numbers, or None when unscorable")
-        per_fn[name] = [None if v is None else float(v) for v in values]
+        per_fn[name] = [_as_reward(v, name, i) for i, v in enumerate(values)]
     totals: list[float | None] = []
     for i in range(n):
         row = [(w, per_fn[name][i]) for w, name in zip(weights, names)]
