@@ -53,7 +53,7 @@ def drawn_pixels(png) -> int:
 
 
 # What the first run (num_iterations=1, single-turn, digits for answers) cannot show
-LEFT_OUT = {"clip", "reflection", "agent", "agent_shares", "staleness", "offpolicy"}
+LEFT_OUT = {"clip", "reflection", "agent", "agent_shares", "staleness", "offpolicy", "reward_causes"}
 
 
 @needs_chromium
@@ -93,6 +93,7 @@ def test_a_panel_that_cannot_show_anything_is_left_out_saying_why(runs, tmp_path
     assert "every ratio is exactly 1 and nothing is ever clipped" in not_shown
     assert "sampled completions" in not_shown and "contains 'wait', 'verify', 'check', 'let me'" in not_shown
     assert "a single-turn run: no tools or environment" in not_shown
+    assert "no reward counted a cause for a zero" in not_shown
     # The second run made two updates per batch: its clip panel is drawn; laid over the first,
     # the caption says which run it leaves out and why
     assert (runs[1] / "plots" / "clip.png").stat().st_size > 5000
@@ -115,3 +116,87 @@ def test_reflection_rates_count_whole_words_per_step():
     assert rates["check"] == ([1, 2], [0.5, 0.0])
     assert rates["verify"] == ([1, 2], [0.0, 0.25])
     assert rates["let me"] == ([1, 2], [0.5, 0.25])
+
+
+def test_the_report_plots_every_metric_the_troubleshooting_guide_sends_users_to(runs):
+    # advantage/zero_std_frac, grad_norm, skipped updates, zero causes and the unscorable count had
+    # no plot, though the guide opens with "every metric named here is a plot there".
+    from pathlib import Path
+    from grpo.report import DYNAMIC_KEYS
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "troubleshooting.md").read_text()
+    named = set(re.findall(r"`((?:[a-z_]+/)+[a-z_<>]+|grad_norm|kl|entropy)`", guide))
+    plotted = {key for _, _, keys, _ in PANELS for key, _ in keys}
+    patterns = {"reward_per_fn": "reward/<fn>/mean", "reward_causes": "reward/<fn>/zero/<cause>"}
+    assert set(patterns) == set(DYNAMIC_KEYS)
+    in_the_file_only = {"tokens/prompt", "eval/n", "eval/rows"}   # counts the guide finds in metrics.jsonl
+    missing = named - plotted - set(patterns.values()) - in_the_file_only
+    assert not missing, missing
+    assert {"advantage/zero_std_frac", "grad_norm", "update/skipped_steps", "reward/unscorable"} <= named
+    for name in ("zero_std", "grad_norm", "faults"):
+        assert (runs[0] / "plots" / f"{name}.png").stat().st_size > 5000, name
+
+
+def test_the_zero_causes_panel_reads_every_cause_with_0_at_steps_that_counted_none(tmp_path):
+    import json
+    rows = [{"step": 1, "reward/mean": 0.5, "reward/math_accuracy/zero/no_answer": 3},
+            {"step": 2, "reward/mean": 0.6},
+            {"step": 3, "reward/mean": 0.7, "reward/math_accuracy/zero/bound": 1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(tmp_path)
+    from grpo.report import DYNAMIC_KEYS
+    assert DYNAMIC_KEYS["reward_causes"](rows) == [
+        ("reward/math_accuracy/zero/bound", "math_accuracy: bound"),
+        ("reward/math_accuracy/zero/no_answer", "math_accuracy: no_answer")]
+    assert (tmp_path / "plots" / "reward_causes.png").stat().st_size > 5000
+
+
+def test_the_report_holds_the_runs_config(runs):
+    import html
+    page = html.unescape(write_report(runs[0]).read_text())
+    section = page.split('<details class="config">')[1].split("</details>")[0]
+    assert f"config.yaml of {runs[0].name}" in section
+    assert "group_size: 4" in section and "max_new_tokens: 4" in section and "seed: 0" in section
+
+
+def test_the_reward_band_stays_within_the_rewards_a_step_gave():
+    from grpo.report import reward_band
+    # 0/1 rewards: 9 of 10 right has mean 0.9, std 0.3162: mean + std = 1.2162 passes 1
+    metrics = [{"step": 1, "reward/mean": 0.9, "reward/std": 0.3162, "reward/min": 0.0, "reward/max": 1.0},
+               {"step": 2, "reward/mean": 0.5, "reward/std": 0.25, "reward/min": 0.0, "reward/max": 1.0},
+               {"step": 3, "reward/mean": 0.1, "reward/std": 0.3162}]           # an older run: no min/max
+    lo, hi = reward_band(metrics, [1, 2, 3], [0.9, 0.5, 0.1])
+    assert lo == pytest.approx([0.5838, 0.25, 0.1 - 0.3162]) and hi == pytest.approx([1.0, 0.75, 0.4162])
+
+
+def test_step_metrics_log_each_steps_lowest_and_highest_reward():
+    import torch
+    from grpo.metrics import step_metrics
+    from grpo.rollout import Rollout
+    n, T = 4, 2
+    rollout = Rollout(prompts=["p"] * n, completions=["c"] * n, group_ids=torch.tensor([0, 0, 1, 1]),
+                      prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+                      prompt_mask=torch.ones(n, 1, dtype=torch.long),
+                      completion_ids=torch.zeros(n, T, dtype=torch.long),
+                      completion_mask=torch.ones(n, T, dtype=torch.long), sampler_logprobs=torch.zeros(n, T),
+                      truncated=torch.zeros(n, dtype=torch.bool))
+    rollout.rewards = torch.tensor([0.25, float("nan"), -1.5, 2.0])
+    rollout.rewards_per_fn = {}
+    update = {k: 0.0 for k in ("kl", "clip/frac", "clip/frac_low", "clip/frac_high", "ratio/mean",
+                               "entropy", "loss", "grad_norm")}
+    m = step_metrics(rollout, [update], sample_s=1.0, reward_s=0.0, update_s=0.0)
+    assert (m["reward/min"], m["reward/max"], m["reward/unscorable"]) == (-1.5, 2.0, 1)
+
+
+def test_the_legend_sits_below_the_axes_and_covers_no_curve():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from grpo.report import legend_below
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=100)
+    for k in range(5):                       # curves through every corner of the axes
+        ax.plot([0, 1, 2], [k, 4 - k, k], label=f"a long label for curve {k}")
+    legend = legend_below(ax, 5)
+    fig.canvas.draw()
+    box, axes = legend.get_window_extent(), ax.get_window_extent()
+    assert box.y1 <= axes.y0, (box, axes)    # wholly under the plotting area
+    plt.close(fig)

@@ -22,6 +22,8 @@ def step_metrics(rollout: Rollout, updates: list[dict], *, sample_s: float, rewa
     metrics = {
         "reward/mean": scored.mean().item() if scored.numel() else math.nan,
         "reward/std": scored.std().item() if scored.numel() > 1 else 0.0,
+        "reward/min": scored.min().item() if scored.numel() else math.nan,
+        "reward/max": scored.max().item() if scored.numel() else math.nan,
         "reward/unscorable": int(torch.isnan(rewards).sum()),
     }
     for name, values in rollout.rewards_per_fn.items():

@@ -14,7 +14,8 @@ REFLECTION_WORDS (whole words, any case): the "aha moment" of DeepSeek-R1 shows 
 A panel that cannot show anything in a run is left out, and the page says why under "Not shown"
 (`why_empty`): the clip fractions with num_iterations=1 (every ratio is 1), the reflection words
 when no completion holds one, the held-out accuracy without evaluations, the episode panels of a
-single-turn run. With several runs, a panel is drawn when any run can fill it, and its caption
+single-turn run. The page also holds each run's config.yaml; legends sit under their plots. With
+several runs, a panel is drawn when any run can fill it, and its caption
 names the runs that cannot, and why.
 """
 
@@ -34,13 +35,22 @@ MAX_BROWSER_STEPS = 120    # steps kept for the browser, evenly spaced, first an
 
 # (file name, title, [(metric, label)], y-limits or None)
 PANELS = [
-    ("reward", "Reward: mean and spread (shaded: mean ± std)", [("reward/mean", "reward/mean")], None),
+    ("reward", "Reward: mean and spread (shaded: mean ± std, within the step's lowest and highest)",
+     [("reward/mean", "reward/mean")], None),
     ("reward_per_fn", "Reward per function (mean)", [], None),
     ("accuracy", "Held-out accuracy (greedy)", [("eval/accuracy", "eval/accuracy")], (-0.02, 1.02)),
+    ("zero_std", "Groups whose rewards are all equal (they teach nothing)", [
+        ("advantage/zero_std_frac", "advantage/zero_std_frac")], (-0.02, 1.02)),
+    ("reward_causes", "Zero rewards by cause (count per step)", [], None),
+    ("faults", "Unscorable samples and environment failures (per step), skipped updates (in all)", [
+        ("reward/unscorable", "reward/unscorable"), ("episode/env_failures", "episode/env_failures"),
+        ("update/skipped_steps", "update/skipped_steps")], None),
     ("kl", "KL to the reference", [("kl", "kl")], None),
     ("clip", "Clipped token fractions", [("clip/frac", "clip/frac"), ("clip/frac_low", "low side"),
                                          ("clip/frac_high", "high side")], None),
     ("entropy", "Entropy of the next-token distribution", [("entropy", "entropy")], None),
+    ("grad_norm", "Gradient norm (before clipping to max_grad_norm)", [("grad_norm", "grad_norm")],
+     None),
     ("length", "Completion length (tokens, mean)", [("completion/len_mean", "len_mean")], None),
     ("truncated", "Truncated completions (fraction)", [("completion/truncated_frac", "truncated")], (-0.02, 1.02)),
     ("time", "Step time split (s)", [("time/sample_s", "sample"), ("time/reward_s", "reward"),
@@ -61,6 +71,7 @@ PANELS = [
         ("offpolicy/ratio_mean", "ratio, mean"), ("offpolicy/ratio_max", "ratio, max"),
         ("offpolicy/masked_frac", "masked tokens")], None),
 ]
+COUNT_PANELS = {"faults", "reward_causes"}
 TIMELINE_STEPS = 12        # steps drawn in the phase timeline of an async_steps run
 
 
@@ -131,6 +142,9 @@ def why_empty(name: str, keys: list[tuple[str, str]], metrics: list[dict], sampl
     if name == "offpolicy":
         return ("no off-policy correction (correction=none, tis_cap=0, and no async_steps with "
                 "proximal=decoupled)")
+    if name == "reward_causes":
+        return ("no reward counted a cause for a zero (built-in rewards count theirs: no answer "
+                "found, a bound refused, a timeout, ...)")
     if name.startswith("reward"):
         return "no sample could be scored at any step, so no reward was defined"
     return "no values of " + ", ".join(key for key, _ in keys) + " in metrics.jsonl"
@@ -149,6 +163,7 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict], dict]], out: Path
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out.mkdir(parents=True, exist_ok=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -157,7 +172,7 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict], dict]], out: Path
     for name, title, keys, ylim in PANELS:
         reasons = {}
         for label, metrics, samples, config in runs:
-            run_keys = _per_fn_keys(metrics) if name == "reward_per_fn" else keys
+            run_keys = DYNAMIC_KEYS[name](metrics) if name in DYNAMIC_KEYS else keys
             reason = why_empty(name, run_keys, metrics, samples, config)
             if reason:
                 reasons[label] = reason
@@ -171,10 +186,14 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict], dict]], out: Path
             if label in reasons:
                 continue
             prefix = f"{label}: " if len(runs) > 1 else ""
-            if name == "reward_per_fn":
-                keys = _per_fn_keys(metrics)
+            if name in DYNAMIC_KEYS:
+                keys = DYNAMIC_KEYS[name](metrics)
             if name == "reflection":
                 series = [(w, *reflection_rates(samples)[w]) for w in REFLECTION_WORDS] if samples else []
+            elif name == "reward_causes":      # logged at the steps that counted one: 0 elsewhere
+                steps = [m["step"] for m in metrics if "reward/mean" in m]
+                series = [(lab, steps, [m.get(key, 0) for m in metrics if "reward/mean" in m])
+                          for key, lab in keys]
             else:
                 series = [(lab, *_series(metrics, key)) for key, lab in keys]
             for i, (lab, xs, ys) in enumerate(series):
@@ -182,33 +201,61 @@ def _plot_panels(runs: list[tuple[str, list[dict], list[dict], dict]], out: Path
                     continue
                 color = colors[(r if len(runs) > 1 else i) % len(colors)]
                 style = styles[i % len(styles)] if len(runs) > 1 else "-"
-                marker = "o" if name == "accuracy" else None
+                marker = "o" if name == "accuracy" or len(xs) == 1 else None   # one step: a dot
                 ax.plot(xs, ys, style, color=color, marker=marker, markersize=3, label=prefix + lab,
                         linewidth=1.2)
                 drawn += 1
                 if name == "reward":
-                    sx, sd = _series(metrics, "reward/std")
-                    std = dict(zip(sx, sd))
-                    lo = [y - std.get(x, 0.0) for x, y in zip(xs, ys)]
-                    hi = [y + std.get(x, 0.0) for x, y in zip(xs, ys)]
-                    ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+                    ax.fill_between(xs, *reward_band(metrics, xs, ys), color=color, alpha=0.15,
+                                    linewidth=0)
         if ylim:
             ax.set_ylim(*ylim)
+        if name in COUNT_PANELS:      # whole numbers from 0: a flat 0 reads as none, not as a centred line
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(bottom=-0.05 * max(1.0, ax.get_ylim()[1]), top=max(1.0, ax.get_ylim()[1]))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("GRPO step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # steps are whole numbers
         ax.grid(alpha=0.3)
         if drawn:
-            ax.legend(fontsize=7, loc="best")
+            legend_below(ax, drawn)
         fig.tight_layout()
         files[name] = out / f"{name}.png"
-        fig.savefig(files[name])
+        fig.savefig(files[name], bbox_inches="tight")
         plt.close(fig)
     return files, empty
+
+
+def legend_below(ax, entries: int):
+    """The legend under the axes, outside them, so it never covers a curve."""
+    return ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                     ncol=min(entries, 3), frameon=False)
+
+
+def reward_band(metrics: list[dict], xs: list[int], means: list[float]
+                ) -> tuple[list[float], list[float]]:
+    """The shaded band mean ± std of each step, kept within that step's lowest and highest
+    reward (`reward/min`, `reward/max`, where logged): a band outside the rewards a step gave would
+    show values the reward never takes (0/1 rewards with mean 0.9 and std 0.3 reach 1.2)."""
+    std = dict(zip(*_series(metrics, "reward/std")))
+    low, high = dict(zip(*_series(metrics, "reward/min"))), dict(zip(*_series(metrics, "reward/max")))
+    lo = [max(y - std.get(x, 0.0), low.get(x, -math.inf)) for x, y in zip(xs, means)]
+    hi = [min(y + std.get(x, 0.0), high.get(x, math.inf)) for x, y in zip(xs, means)]
+    return lo, hi
 
 
 def _per_fn_keys(metrics: list[dict]) -> list[tuple[str, str]]:
     return [(k, k.split("/")[1]) for k in sorted({k for m in metrics for k in m})
             if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"]
+
+
+def _cause_keys(metrics: list[dict]) -> list[tuple[str, str]]:
+    """`reward/<fn>/zero/<cause>` of every step that counted one, labelled `<fn>: <cause>`."""
+    return [(k, f"{k.split('/')[1]}: {k.split('/', 3)[3]}") for k in sorted({k for m in metrics for k in m})
+            if k.startswith("reward/") and "/zero/" in k]
+
+
+DYNAMIC_KEYS = {"reward_per_fn": _per_fn_keys, "reward_causes": _cause_keys}   # keys from the run
 
 
 def _browser_samples(samples: list[dict]) -> list[dict]:
@@ -288,6 +335,10 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out) if out else (dirs[0] if len(dirs) == 1 else Path("report"))
     runs = [(d.name if d.name else str(d), _read_jsonl(d, "metrics.jsonl"),
              _read_jsonl(d, "samples.jsonl"), _read_config(d)) for d in dirs]
+    configs = "\n".join(
+        f'<details class="config"><summary>config.yaml of {html.escape(label)}</summary><pre>'
+        f'{html.escape((d / "config.yaml").read_text(errors="replace"))}</pre></details>'
+        for d, (label, *_) in zip(dirs, runs) if (d / "config.yaml").is_file())
     if len(dirs) == 1:
         _curves(dirs[0], runs[0][1])
     files, empty = _plot_panels(runs, out / "plots")
@@ -320,6 +371,7 @@ vertical-align: top; white-space: pre-wrap; max-width: 520px; }}
 </style></head><body>
 <h1>{title}</h1>
 <p>{'<br>'.join(_summary(r[0], r[1]) for r in runs)}</p>
+{configs}
 <div class="grid">
 {images}
 </div>
