@@ -1,5 +1,5 @@
 """The vLLM path on one GPU: tokens per second against the HF sampler, and a few training steps'
-time split with sampler=vllm. Needs a CUDA GPU with vLLM installed (pip install 'grpo[vllm]');
+time split with sampler=vllm. Needs a CUDA GPU with vLLM installed (pip install -e '.[vllm]' in the clone);
 no download: the model is a Qwen2-style random model built here (the 0.5B shape by default).
 
     python benchmarks/vllm_check.py [--hidden 896 --layers 24 --prompts 32 --group 8 --max-new 256]

@@ -197,3 +197,28 @@ def test_sigterm_outside_the_training_loop_exits_143_with_a_line(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines()[-1] == "grpo eval: stopped by SIGTERM before it finished"
     assert not (tmp_path / "out" / "eval.jsonl").exists()
+
+
+def test_no_install_line_names_the_other_grpo_on_the_package_index():
+    # A package named `grpo` on the public index is another project: `pip install 'grpo[lora]'`
+    # would install it. grpo installs from a clone (pip install -e '.[lora]').
+    import re
+    from pathlib import Path
+    from grpo.config import reference_markdown
+    root = Path(__file__).parent.parent
+    files = [root / "README.md", *(root / "docs").rglob("*.md"), *(root / "src" / "grpo").rglob("*.py"),
+             *(root / "examples").rglob("*"), *(root / "benchmarks").rglob("*")]
+    texts = {str(f.relative_to(root)): f.read_text() for f in files
+             if f.is_file() and f.suffix in (".md", ".py", ".yaml", ".sh") and f.name != "config.md"}
+    texts["docs/config.md, as generated"] = reference_markdown()   # the file itself: test_config.py
+    assert len(texts) > 50
+    found = [f"{name}:{n}: {line.strip()}" for name, text in texts.items()
+             for n, line in enumerate(text.splitlines(), 1) if re.search(r"\bgrpo\[", line)]
+    assert not found, "install from a clone, pip install -e '.[extra]':\n" + "\n".join(found)
+
+
+def test_a_missing_optional_package_names_what_installs_it():
+    from grpo.tracking import INSTALL
+    from grpo.vllm_sampler import VLLMUnavailable  # noqa: F401  (the module imports without vLLM)
+    assert INSTALL["wandb"] == "'wandb>=0.19' (in a clone of grpo: pip install -e '.[wandb]')"
+    assert INSTALL["mlflow"].endswith("(in a clone of grpo: pip install -e '.[mlflow]')")

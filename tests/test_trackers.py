@@ -64,7 +64,7 @@ def test_a_tracker_asked_for_but_missing_is_named(tiny_model_dir, tmp_path, monk
     import importlib.util
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(ConfigError, match="'report_to' asks for wandb, which is not installed: pip install 'grpo\\[wandb\\]'"):
+    with pytest.raises(ConfigError, match="'report_to' asks for wandb, which is not installed: pip install 'wandb>=0.19' \\(in a clone of grpo: pip install -e '.\\[wandb\\]'\\)"):
         short_run(tiny_model_dir, tmp_path / "run", ["wandb"])
     with pytest.raises(ConfigError, match="unknown tracker 'comet'"):
         short_run(tiny_model_dir, tmp_path / "run2", ["comet"])

@@ -143,7 +143,7 @@ def test_sampler_vllm_without_vllm_is_a_clear_error(tiny_model_dir, tmp_path, mo
     from grpo.train import train
     config = build_config({"model": str(tiny_model_dir), "sampler": "vllm", "steps": 1, "sft_steps": 0,
                            "eval_every": 0, "output_dir": str(tmp_path)})
-    with pytest.raises(ConfigError, match=r"config key 'sampler': sampler=vllm needs vLLM: pip install 'grpo\[vllm\]'"):
+    with pytest.raises(ConfigError, match=r"config key 'sampler': sampler=vllm needs vLLM, which is not installed here: pip install 'vllm>=0.11' \(GPU only; in a clone of grpo: pip install -e '.\[vllm\]'\)"):
         train(config, log=lambda line: None)
 
 

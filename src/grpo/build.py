@@ -284,7 +284,8 @@ def add_lora(policy, config: TrainConfig):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ConfigError("config key 'lora_r' needs peft: pip install 'grpo[lora]'") from None
+        raise ConfigError("config key 'lora_r' needs peft: pip install 'peft>=0.13' (in a clone of "
+                          "grpo: pip install -e '.[lora]')") from None
     m = config.model
     present = {name.rsplit(".", 1)[-1] for name, _ in policy.named_modules()}
     missing = [t for t in m.lora_target_modules if t not in present]

@@ -173,7 +173,7 @@ class SamplingConfig:
     """Nucleus sampling threshold for the group."""
     sampler: str = "hf"
     """Generation engine: `hf` (the model's own forward with a KV cache, any device) or `vllm`
-    (GPUs; pip install 'grpo[vllm]'), colocated in the training process."""
+    (GPUs; `pip install -e '.[vllm]'` in a clone of grpo), colocated in the training process."""
     vllm_gpu_memory_utilization: float = 0.3
     """sampler=vllm: the fraction of GPU memory the engine takes for its weights and KV cache."""
     vllm_sleep: bool = True

@@ -17,7 +17,11 @@ from pathlib import Path
 from grpo.config import ConfigError
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}   # name -> module
-INSTALL = {"tensorboard": "tensorboard", "wandb": "'grpo[wandb]'", "mlflow": "'grpo[mlflow]'"}
+# what installs each: the package itself, or in a clone of grpo its extra (`grpo` on the public
+# package index is another project, so an extra is named as a clone installs it)
+INSTALL = {"tensorboard": "tensorboard",
+           "wandb": "'wandb>=0.19' (in a clone of grpo: pip install -e '.[wandb]')",
+           "mlflow": "mlflow-skinny sqlalchemy alembic (in a clone of grpo: pip install -e '.[mlflow]')"}
 
 
 def check_trackers(report_to: list[str]) -> None:

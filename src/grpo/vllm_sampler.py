@@ -1,6 +1,6 @@
 """Step 1 on GPUs: vLLM generates the groups, colocated in the training process (`sampler=vllm`).
 
-    pip install 'grpo[vllm]'
+    pip install -e '.[vllm]'          # in a clone of grpo
     grpo train model=Qwen/Qwen2.5-0.5B-Instruct sampler=vllm vllm_gpu_memory_utilization=0.3 ...
 
 The engine shares the GPU with training: it takes `vllm_gpu_memory_utilization` of the memory for
@@ -41,8 +41,8 @@ class VLLMSampler:
         try:
             import vllm
         except ImportError:
-            raise VLLMUnavailable("sampler=vllm needs vLLM: pip install 'grpo[vllm]' (GPU only); "
-                                  "or set sampler=hf") from None
+            raise VLLMUnavailable("sampler=vllm needs vLLM: pip install 'vllm>=0.11' (GPU only; in "
+                                  "a clone of grpo: pip install -e '.[vllm]'); or set sampler=hf") from None
         self.vllm, self.tokenizer = vllm, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.sleep_between = sleep
