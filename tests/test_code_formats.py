@@ -818,8 +818,11 @@ def test_output_that_hit_the_cap_fails(reward, name):
            "own": {"tests": [case]}}[name]
     right = "print(2 * int(input()))\n"
     assert score(reward, row, right, prompt="") == 1.0
+    from grpo.rewards import faults
+    faults.take()
     assert score(reward, row, right + "print('\\n' * 200_000)\nprint(5)\n", prompt="") == 0.0
     assert score(reward, row, right + "print(' ' * 200_000)\n", prompt="") == 0.0
+    assert faults.take() == {"reward/code_tests/zero/output_too_long": 2}
 
 
 # HumanEval's check(candidate) and MBPP's asserts calling a function whose name is also a module
