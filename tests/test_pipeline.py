@@ -160,8 +160,13 @@ def test_a_stuck_worker_times_out_with_the_peer_and_the_transfer_named(tiny_mode
 
 
 def test_a_reward_error_in_a_worker_reaches_the_trainer_as_itself(tiny_model_dir, tmp_path):
+    calls = []
+
     def broken(prompts, completions, **kw):
-        raise KeyError("no column 'answer_key' in this row")
+        calls.append(len(completions))
+        if len(calls) > 1:      # the trainer's dry call before training passes; the worker's fail
+            raise KeyError("no column 'answer_key' in this row")
+        return [0.0] * len(completions)
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "e"),
                       "async_steps": 1})
     with pytest.raises(Exception, match="answer_key"):
