@@ -19,7 +19,8 @@ import torch
 from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.data import Columns, DataError, coverage_note, format_prompt, load_rows
+from grpo.data import (GIVEN, Columns, DataError, coverage_note, format_prompt, given_label,
+                       given_rows, load_rows)
 from grpo import distributed, vision
 from grpo.vision.tiny import build_tiny_vlm
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
@@ -307,9 +308,13 @@ class RewardUse:
     source: str
 
 
-def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str) -> list[dict]:
-    """The rows of the file or dataset a key names; a load error names the key too."""
+def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str,
+             given: dict | None = None) -> list[dict]:
+    """The rows of the file or dataset a key names, or those `given` to train() for it; a load
+    error names the key too."""
     try:
+        if given and given.get(key) is not None:
+            return given_rows(given[key], columns, key)
         return load_rows(path, columns, config_name, split)
     except DataError as e:
         raise DataError(f"config key '{key}': {e}") from None
@@ -318,10 +323,11 @@ def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
               check_golds_now: bool = True, tools: list | None = None,
               environment: Callable[[], object] | None = None,
-              log: Callable[[str], None] | None = None) -> Data:
+              log: Callable[[str], None] | None = None, given: dict | None = None) -> Data:
     """Rows, reward functions and demonstrations from the task or the dataset file, and the
     held-out rows from `eval_dataset` whenever it is set. Golds are checked at load for GRPO;
-    cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses."""
+    cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses. `given`
+    holds rows given to train() in Python, by key (`dataset`, `eval_dataset`; with_given)."""
     d = config.data
     columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column,
                       d.image_column)
@@ -329,7 +335,8 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     if d.dataset:
         if log is not None:
             log(reading_note("dataset", d.dataset, d.dataset_split))
-        train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split)
+        train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split,
+                              given)
         if log is not None:
             log(f"dataset: {len(train_rows):,} rows from {d.dataset}")
         random.Random(config.run.seed).shuffle(train_rows)
@@ -345,7 +352,8 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     if d.eval_dataset:
         if log is not None:
             log(reading_note("eval_dataset", d.eval_dataset, d.eval_split))
-        eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split)
+        eval_rows = _rows_of("eval_dataset", d.eval_dataset, columns, d.dataset_config, d.eval_split,
+                             given)
     else:
         eval_rows = task.eval_rows() if task is not None else []
     available = len(eval_rows)
@@ -714,3 +722,56 @@ def check_selection(config: TrainConfig, log) -> None:
             f"{config.sampling.group_size} x {bound}): {loss.loss_type} will select none. The "
             f"paper's share is for batches of millions of tokens; raise {key} to at least "
             f"{1 / most:.2g} (docs/algorithms.md)")
+
+
+def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None) -> TrainConfig:
+    """The config of a run given rows (`given`: config key -> a list of dicts or a
+    datasets.Dataset) or a loaded model in Python: each key then records what was given (the
+    rows' `given_label`, the model's own name), so config.yaml says what the run used. A key set
+    to a file in the config and given rows too is an error: one of the two would be ignored."""
+    import dataclasses
+    data = {}
+    for key, rows in given.items():
+        if rows is None:
+            continue
+        if not isinstance(rows, (list, tuple)) and not hasattr(rows, "column_names"):
+            given_rows(rows, key=key)          # the error that names what was given
+        named = getattr(config.data, key)
+        if named and not GIVEN.fullmatch(named):
+            raise ConfigError(f"config key '{key}' is {named!r} and train({key}=...) gave rows too; "
+                              f"give one of them (the rows: set {key}='' in the config)")
+        data[key] = given_label(rows)
+    if data:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, **data))
+    if model is None and tokenizer is not None:
+        raise ConfigError("train(tokenizer=...) is given without its model; give model=... too, "
+                          "or neither (the config key 'model' then names both)")
+    if model is not None:
+        if tokenizer is None:
+            raise ConfigError("train(model=...) needs its tokenizer too: train(config, model=model, "
+                              "tokenizer=tokenizer)")
+        name = str(getattr(model, "name_or_path", "") or "") or "(a model given to train())"
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=name))
+    return config
+
+
+def given_model(config: TrainConfig, model, tokenizer, log: Callable[[str], None] = to_stderr):
+    """A model and tokenizer loaded by the caller, made ready as load_model_and_tokenizer makes
+    its own, in place: train mode and no dropout, the tokenizer's padding on the left (EOS pads
+    when it has no pad token), the config's chat template, checkpointing, mixed precision and
+    LoRA. The model stays on the device the caller put it on."""
+    from grpo.models import prepare_tokenizer, ready_for_training
+    try:
+        tokenizer = prepare_tokenizer(tokenizer, config.model.model, config.model.chat_template)
+    except ModelError as e:
+        raise ConfigError(str(e)) from None
+    policy = ready_for_training(model)
+    if vision.is_vision_model(policy) and not config.model.train_vision:
+        vision.freeze_tower(policy)
+    if config.optim.gradient_checkpointing:
+        set_checkpointing(policy, True)
+    if config.optim.mixed_precision == "bf16":
+        policy.grpo_autocast = torch.bfloat16
+    if config.model.lora_r > 0:
+        policy = add_lora(policy, config)
+    return policy, tokenizer

@@ -11,6 +11,7 @@ MBPP, APPS, CodeContests and LiveCodeBench rows (their test columns are read by 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,9 @@ def load_table(path: str, config_name: str = "", split: str = "train"):
     exist, or a hub name when the hub cannot be reached, is an error at once, not after retries."""
     import datasets
 
+    if GIVEN.fullmatch(path):
+        raise DataError(f"{path}: these rows were given to train() in Python and are not saved with "
+                        "the run; give them again (train(config, dataset=rows)) or set the key to a file")
     fmt, compression = file_kind(path)
     local = Path(path)
     if local.is_file():
@@ -139,7 +143,47 @@ def load_rows(path: str, columns: Columns = Columns(), config_name: str = "",
     given columns. A prompt that is a list of {"role", "content"} messages stays a list, for the
     chat template; any other prompt becomes text."""
     table = load_table(path, config_name, split)
-    names = table.column_names
+    local = Path(path)
+    base = local.parent if local.is_file() else (local if local.is_dir() else None)
+    return table_rows(table, table.column_names, columns, path, base)
+
+
+GIVEN = re.compile(r"\((\d+) rows given to train\(\)\)")
+
+
+def given_label(rows) -> str:
+    """What the config records for rows given to train() in Python, in place of a path."""
+    return f"({len(rows)} rows given to train())"
+
+
+def given_rows(value, columns: Columns = Columns(), key: str = "dataset") -> list[dict]:
+    """Rows given to train() in Python (`key` dataset or eval_dataset): a list of dicts or a
+    `datasets.Dataset`, read as a file's rows are; errors name them by `given_label`."""
+    import datasets
+
+    call = f"train({key}=...)"
+    if isinstance(value, datasets.DatasetDict):
+        raise DataError(f"{call}: a DatasetDict holds the splits {list(value)}; give one of them, "
+                        f"as {key}=d[{next(iter(value), 'train')!r}]")
+    if isinstance(value, datasets.Dataset):
+        return table_rows(value, value.column_names, columns, given_label(value))
+    if not isinstance(value, (list, tuple)):
+        raise DataError(f"{call}: expected a list of row dicts or a datasets.Dataset, got "
+                        f"{type(value).__name__}; for a file give its path in the config")
+    if not value:
+        raise DataError(f"{call}: the list has no rows")
+    for number, row in enumerate(value, 1):
+        if not isinstance(row, dict):
+            raise DataError(f"{call}: row {number} is a {type(row).__name__}, not a dict of columns")
+    names = list(dict.fromkeys(k for row in value for k in row))
+    return table_rows([{n: row.get(n) for n in names} for row in value], names, columns,
+                      given_label(value))
+
+
+def table_rows(table, names: list[str], columns: Columns, path: str, base: Path | None = None
+               ) -> list[dict]:
+    """load_rows on a table already read: `table` yields one dict per row with the columns
+    `names`; `path` names it in errors; `base` is where relative image paths start."""
     source_prompt = _pick(columns.prompt, PROMPT_COLUMNS, names)
     if source_prompt is None:
         raise DataError(f"{path}: no prompt column '{columns.prompt}' (columns: {names}); "
@@ -160,8 +204,6 @@ def load_rows(path: str, columns: Columns = Columns(), config_name: str = "",
     if columns.images and source_images is None:
         raise DataError(f"{path}: no image column '{columns.images}' (columns: {names}); "
                         "set image_column=NAME")
-    local = Path(path)
-    base = local.parent if local.is_file() else (local if local.is_dir() else None)
     rows = []
     for number, record in enumerate(table):
         row = {k: v for k, v in record.items() if k not in (source_prompt, source_answer, source_images)}

@@ -284,6 +284,12 @@ def load_tokenizer(name_or_path: str, chat_template: str = "auto"):
         tokenizer.grpo_processor = processor      # prompts with images go through it (vision.encode)
         if getattr(processor, "chat_template", None) and not getattr(tokenizer, "chat_template", None):
             tokenizer.chat_template = processor.chat_template
+    return prepare_tokenizer(tokenizer, name_or_path, chat_template)
+
+
+def prepare_tokenizer(tokenizer, name_or_path: str, chat_template: str = "auto"):
+    """A loaded tokenizer made ready for generation, in place (load_tokenizer's rules): EOS
+    required, EOS pads when there is no pad token, padding on the left, `chat_template` applied."""
     if tokenizer.eos_token is None:
         raise ModelError(f"config key 'model': the tokenizer of {name_or_path} has no EOS token, so "
                          "completions cannot end; use a tokenizer that defines eos_token")
@@ -310,7 +316,11 @@ def load_policy(name_or_path: str, dtype: str = "float32"):
         return merge_adapter(load_policy(adapter_base(name_or_path), dtype), name_or_path)
 
     auto = AutoModelForImageTextToText if is_vision_config(name_or_path) else AutoModelForCausalLM
-    model = auto.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
+    return ready_for_training(auto.from_pretrained(name_or_path, dtype=getattr(torch, dtype)))
+
+
+def ready_for_training(model):
+    """A loaded model in train mode with dropout off, in place."""
     model.train()
     # Dropout would make pi_theta differ from pi_old at ratio 1; GRPO's ratio assumes it does not.
     for module in model.modules():

@@ -79,12 +79,17 @@ class TrainingError(RuntimeError):
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
           tools: list[Callable] | None = None, environment: Callable[[], object] | None = None,
+          dataset=None, eval_dataset=None, model=None, tokenizer=None,
           log: Callable[[str], None] = print, write_files: bool = True) -> RunResult:
     """Cold start (if `sft_steps`), then `steps` GRPO steps; returns the policy and every metric.
     With `resume`, continues a stopped run from its checkpoint instead (`resume.py`).
     `tools` (functions) and `environment` (a zero-argument factory) add to or stand for the
-    config's `tools` and `environment` keys: the run samples multi-turn episodes."""
-    c = config
+    config's `tools` and `environment` keys: the run samples multi-turn episodes.
+    `dataset` and `eval_dataset` (a list of row dicts or a datasets.Dataset) stand for the keys
+    of the same names; `model` and `tokenizer` (loaded, together) for the key `model`: that
+    model is the policy, trained in place (docs/guides/python-api.md)."""
+    given = {"dataset": dataset, "eval_dataset": eval_dataset}
+    c = build.with_given(config, given, model, tokenizer)
     if c.run.threads:
         torch.set_num_threads(c.run.threads)
     world = distributed.setup()
@@ -98,10 +103,14 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         log = lambda line: None  # noqa: E731
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
-    if checkpoint is not None and resume.step_of(checkpoint) >= c.run.steps:
+    if checkpoint is not None and resume.finished(checkpoint, c.run.steps, run_dir):
         return finished_run(c, checkpoint, log)
-    data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log)
-    policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log, world)
+    data = build.load_data(c, reward_fns, tools=tools, environment=environment, log=log, given=given)
+    if model is not None:
+        policy, tokenizer = build.given_model(c, model, tokenizer, log)
+    else:
+        policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log,
+                                                           world)
     distributed.broadcast_parameters(policy, world)
     build.check_images(c, tokenizer, data)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)

@@ -1,0 +1,103 @@
+"""train() from Python: rows as a list of dicts or a `datasets.Dataset`, and a model and tokenizer
+already loaded, beside the file paths and names the command line takes."""
+
+import pytest
+import torch
+import yaml
+
+from grpo.config import ConfigError, build_config
+from grpo.data import DataError
+from grpo.train import train
+
+
+def _rows(n: int, start: int = 0) -> list[dict]:
+    return [{"prompt": f"{i}+0=", "answer": str(i)} for i in range(start, start + n)]
+
+
+def _ends_with_answer(prompts, completions, answer, **columns):
+    return [1.0 if c.strip().endswith(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def test_rows_and_a_dataset_object_are_taken_as_they_are(tmp_path, tiny_model_dir):
+    import datasets
+    seen = []
+
+    def reward(prompts, completions, answer, level, **columns):
+        seen.extend(zip(prompts, answer, level))
+        return [0.0] * len(completions)
+
+    train_rows = [dict(r, level=i % 3) for i, r in enumerate(_rows(6))]
+    held_out = datasets.Dataset.from_list([dict(r, level=9) for r in _rows(3, start=50)])
+    c = build_config({"model": str(tiny_model_dir), "sft_steps": 0, "steps": 1, "eval_every": 1,
+                      "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
+                      "output_dir": str(tmp_path / "run")})
+    result = train(c, dataset=train_rows, eval_dataset=held_out, reward_fns=[reward],
+                   log=lambda line: None)
+    # step 1 drew 2 of the 6 given prompts, each twice, with their own columns
+    assert len(seen) >= 4
+    given = {(f"{i}+0=", str(i), i % 3) for i in range(6)}
+    assert set(seen[:4]) <= given
+    # every held-out row was evaluated: 3 rows, at step 0 and step 1
+    evals = [m for m in result.history if "eval/n" in m]
+    assert [m["eval/n"] for m in evals] == [3.0, 3.0]
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["dataset"] == "(6 rows given to train())"
+    assert saved["eval_dataset"] == "(3 rows given to train())"
+
+
+def test_a_bad_given_row_is_named_by_its_position():
+    rows = _rows(4)
+    rows[2] = {"prompt": "2+0=", "answer": ""}
+    rows[3] = {"prompt": "3+0=", "answer": None}
+    c = build_config({"sft_steps": 0, "steps": 1})
+    with pytest.raises(DataError, match=r"\(4 rows given to train\(\)\) row 3: answer '' holds no value"
+                                        r".*2 of the 4 rows"):
+        train(c, dataset=rows, log=lambda line: None, write_files=False)
+
+
+def test_rows_that_are_not_dicts_are_refused_in_one_line():
+    c = build_config({"sft_steps": 0, "steps": 1})
+    with pytest.raises(DataError, match=r"train\(dataset=\.\.\.\): row 2 is a str, not a dict"):
+        train(c, dataset=[{"prompt": "a", "answer": "1"}, "b"], log=lambda line: None,
+              write_files=False)
+    with pytest.raises(DataError, match=r"train\(dataset=\.\.\.\): the list has no rows"):
+        train(c, dataset=[], log=lambda line: None, write_files=False)
+
+
+def test_a_dataset_in_the_config_and_in_the_call_is_refused(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "1+0=", "answer": "1"}\n')
+    c = build_config({"dataset": str(f), "sft_steps": 0, "steps": 1})
+    with pytest.raises(ConfigError, match=r"config key 'dataset' .* and train\(dataset=\.\.\.\)"):
+        train(c, dataset=_rows(2), log=lambda line: None, write_files=False)
+
+
+def test_a_loaded_model_and_tokenizer_are_trained_in_place(tmp_path, tiny_model_dir):
+    from grpo.models import load_policy, load_tokenizer
+    from transformers import AutoTokenizer
+    policy = load_policy(str(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))   # as a user loads it
+    tokenizer.padding_side = "right"
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    c = build_config({"sft_steps": 0, "steps": 1, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 4, "max_new_tokens": 6, "beta": 0.0, "lr": 1e-2,
+                      "output_dir": str(tmp_path / "run")})
+    result = train(c, model=policy, tokenizer=tokenizer, dataset=_rows(4),
+                   reward_fns=[lambda prompts, completions, **k: [float(len(x)) for x in completions]],
+                   log=lambda line: None)
+    assert result.policy is policy and result.tokenizer is tokenizer
+    assert result.history[0]["grad_norm"] > 0            # rewards differed within the groups
+    assert tokenizer.padding_side == "left"            # generation pads on the left
+    changed = [n for n, p in policy.named_parameters() if not torch.equal(p, before[n])]
+    assert changed, "the given model was not the one trained"
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"] == str(tiny_model_dir)        # the model's own name_or_path
+    assert not (tmp_path / "run" / "base_model").exists()   # no tiny model built beside it
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_a_model_without_its_tokenizer_is_refused(tiny_model_dir):
+    from grpo.models import load_policy
+    c = build_config({"sft_steps": 0, "steps": 1})
+    with pytest.raises(ConfigError, match=r"train\(model=\.\.\.\) needs its tokenizer too"):
+        train(c, model=load_policy(str(tiny_model_dir)), log=lambda line: None, write_files=False)
