@@ -240,6 +240,13 @@ def test_the_last_step_is_checkpointed_a_finished_run_says_so_and_more_steps_go_
     assert "step 1/3" not in out and "resuming from" not in out
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
     assert (run / "metrics.jsonl").read_text() == metrics_before
+    # killed between its last checkpoint and final/: not finished; resuming writes final/ alone
+    shutil.rmtree(run / "final")
+    assert main(["train", *args, "steps=3", "resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert "is finished" not in out and "step 1/3" not in out
+    assert (run / "final" / "config.json").is_file()
+    assert (run / "metrics.jsonl").read_text() == metrics_before
     # more steps: on from step 3, nothing recomputed
     assert main(["train", *args, "steps=5", "resume=auto"]) == 0
     out = capsys.readouterr().out

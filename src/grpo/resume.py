@@ -147,6 +147,15 @@ def step_of(path: Path) -> int:
     return int(path.name.removeprefix("step-"))
 
 
+def finished(path: Path, steps: int, run_dir: Path) -> bool:
+    """True when checkpoint `path` is at (or past) `steps` and the run's final/ was written after
+    it: a run killed between its last checkpoint and final/ is not finished (resuming writes it)."""
+    final = run_dir / "final"
+    written = [f.stat().st_mtime_ns for f in final.iterdir() if f.is_file()] if final.is_dir() else []
+    return (step_of(path) >= steps and bool(written)
+            and max(written) >= (path / "manifest.json").stat().st_mtime_ns)
+
+
 def changed_keys(c: TrainConfig, path: Path) -> list[str]:
     """Keys whose value differs from the checkpoint's config, beyond those free to change."""
     import yaml
