@@ -95,7 +95,8 @@ def trained_run(tiny_model_dir, tmp_path_factory):
     train(build_config({"model": str(tiny_model_dir), "task": "addition", "sft_steps": 30,
                         "sft_lr": 1e-2, "steps": 1, "save_every": 1, "eval_every": 0,
                         "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 3,
-                        "system_prompt": "Add.", "threads": 1, "output_dir": str(run)}),
+                        "system_prompt": "Add.", "eval_size": 4, "threads": 1,
+                        "output_dir": str(run)}),
           log=lambda line: None)
     torch.set_num_threads(threads)
     return run
@@ -135,6 +136,15 @@ def test_a_runs_final_or_checkpoint_comes_with_the_runs_settings(trained_run, ca
         shown = capsys.readouterr().out
         assert f"model: {weights}\n" in shown, named
         assert "task: addition" in shown and "max_new_tokens: 3" in shown, named
+
+
+def test_a_file_given_with_a_run_is_not_cut_by_the_runs_eval_size(trained_run, tmp_path, capsys):
+    write_jsonl(tmp_path / "test.jsonl", SUMS[:7])
+    assert main(["eval", str(trained_run), "--print-config"]) == 0
+    assert "eval_size: 4\n" in capsys.readouterr().out          # the run's cut of its own rows
+    assert main(["eval", f"model={trained_run}", f"eval_dataset={tmp_path / 'test.jsonl'}",
+                 "--print-config"]) == 0
+    assert "eval_size: 0\n" in capsys.readouterr().out          # a file given here: all of it
 
 
 def test_a_run_without_final_is_evaluated_at_its_newest_checkpoint(trained_run, tmp_path, capsys):

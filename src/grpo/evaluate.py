@@ -148,6 +148,8 @@ def eval_setup(path: str | None, overrides: list[str],
     saved = build.run_settings(settings[0], log)
     for key in NOT_EVALUATION_SETTINGS:
         saved.pop(key, None)
+    if HELD_OUT_DATA & set(given):    # held-out rows named here: evaluated whole unless cut here
+        saved.pop("eval_size", None)
     values = {**saved, **given}
     if evaluated is not None:
         values["model"] = str(evaluated[1] or build.run_weights(evaluated[0], log))
@@ -178,6 +180,9 @@ def run_weights_named(thing: str) -> tuple[Path, Path | None] | None:
 # A run's keys that say where it wrote and how it trained, not what its evaluation is: its output
 # goes beside the run, and lora_r would put a fresh adapter on the weights being evaluated.
 NOT_EVALUATION_SETTINGS = ("output_dir", "eval_output", "resume", "lora_r")
+# Keys that name the held-out rows: given on the command line, the run's eval_size (its cut of
+# its own held-out rows) does not carry over to them.
+HELD_OUT_DATA = {"eval_dataset", "task", "dataset"}
 
 
 def results_file(setup: EvalSetup, out: str | None = None) -> Path:
