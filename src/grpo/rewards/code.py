@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import ast
 import base64
+import builtins
 import io
 import json
 import pickle
 import re
 import secrets
+import symtable
 import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -541,26 +543,129 @@ def extract_code(completion: str) -> str:
 
 @lru_cache(maxsize=4096)
 def prompt_code(prompt: str) -> str:
-    """The Python in a prompt, for HumanEval's signature and helpers: the whole prompt when it
-    parses as a program with a definition or an import, else its last fenced block that does,
-    else (a chat prompt with the code unfenced: "Complete the following code.\n\ndef ...") the
-    longest run of lines from a line that starts a definition or an import that does. The tests
-    define these helpers themselves, so a program's own `encode_cyclic` never stands in for the
-    prompt's."""
-    for candidate in [prompt] + extract_all_blocks(prompt)[::-1]:
-        if _defines_something(candidate):
-            return candidate
-    lines = prompt.split("\n")
-    starts = [i for i, line in enumerate(lines) if _CODE_START.match(line)][:20]
-    for start in starts:
-        for end in range(len(lines), max(start, len(lines) - 50), -1):
-            candidate = "\n".join(lines[start:end])
-            if _defines_something(candidate):
-                return candidate
-    return ""
+    """The Python in a prompt, for HumanEval's signature and helpers, in the prompt's order:
+
+    - the whole prompt, when it parses as a program with a definition or an import;
+    - else every fenced block that does (a helper in one block, the signature in the next);
+    - else every run of code in the text: from a line that starts a definition or an import (an
+      import line only if it parses: "from the list below ..." is prose) up to the first line at the
+      left margin that is not code, or a Markdown code block indented by four spaces, each cut back
+      to its longest start that parses.
+
+    The tests define these helpers themselves, so a program's own `encode_cyclic` never stands in
+    for the prompt's; `undefined_helpers` names what the tests call that is not recovered."""
+    if _defines_something(prompt):
+        return prompt
+    blocks = [b for b in extract_all_blocks(prompt) if _defines_something(b)]
+    pieces = blocks or _code_runs(prompt.split("\n"))
+    return "\n\n\n".join(piece.rstrip("\n") for piece in pieces) + "\n" if pieces else ""
 
 
 _CODE_START = re.compile(r"(def|class|import|from|async def|@)[ \t(]")
+# a line at the left margin that goes on with a run of code (prose such as "Rule 3: ..." ends it)
+_CODE_LINE = re.compile(r"(def|class|import|from|async|if|elif|else|for|while|with|try|except|"
+                        r"finally|return|raise|assert|pass|print)\b|[@#)\]}]|\"\"\"|'''|"
+                        r"[A-Za-z_][\w.]*(\[[^\]]*\])?\s*(,\s*[A-Za-z_]\w*\s*)*(:[^=]*)?"
+                        r"[-+*/%|&^]?=[^=]")
+_INDENT = re.compile(r"    |\t")
+
+
+def _starts_code(line: str) -> bool:
+    if not _CODE_START.match(line):
+        return False
+    if line.startswith(("import", "from")) and not line.rstrip().endswith(("(", "\\")):
+        return _parses(line)
+    return True
+
+
+def _code_runs(lines: list[str]) -> list[str]:
+    """The runs of code in unfenced text, in order (see prompt_code); each run is one top-level
+    definition or import (with its decorators and the code at the margin that follows it), so
+    the parses it costs grow with the prompt's length, not its square."""
+    pieces, i = [], 0
+    while i < len(lines):
+        indent = _INDENT.match(lines[i])
+        if _starts_code(lines[i]):
+            margin = ""
+        elif indent and (i == 0 or not lines[i - 1].strip()) and _starts_code(lines[i][indent.end():]):
+            margin = indent.group()      # a Markdown code block: indented, after a blank line
+        else:
+            i += 1
+            continue
+        run = [lines[i][len(margin):]]
+        for line in lines[i + 1:]:
+            if line.strip() and not line.startswith(margin):
+                break
+            line = line[len(margin):] if line.strip() else ""
+            if line and line[0] not in " \t" and (not _CODE_LINE.match(line) or (
+                    _starts_code(line) and not run[-1].startswith("@"))):
+                break                    # prose at the margin, or the next definition
+            run.append(line)
+        cut = _longest_start_that_parses(run)
+        if cut and _defines_something("\n".join(run[:cut])):
+            pieces.append("\n".join(run[:cut]))
+            i += cut
+        else:
+            i += 1
+    return pieces
+
+
+def _longest_start_that_parses(run: list[str], tries: int = 64) -> int:
+    """How many of the run's first lines parse; each failure cuts at the line the parser names,
+    so prose after the code costs a parse or two, not one per line."""
+    cut = len(run)
+    while cut and tries:
+        tries -= 1
+        try:
+            ast.parse("\n".join(run[:cut]))
+            return cut
+        except SyntaxError as e:
+            cut = min(cut - 1, (e.lineno or cut) - 1)
+        except (ValueError, RecursionError, MemoryError):
+            return 0
+    return 0
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+@lru_cache(maxsize=4096)
+def undefined_helpers(test: str, helpers: str, entry: str) -> tuple[str, ...]:
+    """The names a HumanEval-style test program reads that neither it nor the prompt's code
+    (`helpers`) defines, the entry point, builtins and standard-library modules aside: in the
+    tests' process those would be the program's own, so the row cannot be scored honestly."""
+    if re.search(r"import\s+\*", test + "\n" + helpers):
+        return ()                          # a star import defines names no one can list
+    try:
+        read, bound = _names(test)
+        bound |= _names(helpers)[1] if helpers else set()
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()                          # a test that does not parse is refused elsewhere
+    known = bound | set(dir(builtins)) | {"exit", "quit", entry} | set(sys.stdlib_module_names)
+    return tuple(sorted(n for n in read - known if not (n.startswith("__") and n.endswith("__"))))
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names read from the module's globals, names the module binds), by `symtable`."""
+    top = symtable.symtable(source, "<tests>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    tables = list(top.get_children())
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for symbol in table.get_symbols():
+            if symbol.is_global():
+                if symbol.is_referenced():
+                    read.add(symbol.get_name())
+                if symbol.is_declared_global() and symbol.is_assigned():
+                    bound.add(symbol.get_name())
+    return read, bound
 
 
 def _defines_something(source: str) -> bool:
@@ -595,6 +700,15 @@ class CodeTests:
         for i in range(len(completions)):
             row = {k: v[i] for k, v in columns.items()}
             specs.append(spec_from_row(row, f"code_tests, sample {i}"))
+            if specs[-1].mode == "tests" and specs[-1].entry_point:
+                missing = undefined_helpers(specs[-1].test, prompt_code(prompts[i]),
+                                            specs[-1].entry_point)
+                if missing:
+                    raise CodeTestsError(
+                        f"code_tests, sample {i}: the tests call {missing[0]!r}, which neither the "
+                        f"tests nor the prompt define, so the program's own {missing[0]!r} would "
+                        "be the one checked; put its code in the prompt (plain or in a ``` block) "
+                        "or in the tests")
         with ThreadPoolExecutor(self.workers) as pool:
             return list(pool.map(self.score_one, prompts, completions, specs))
 
