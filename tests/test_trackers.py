@@ -97,7 +97,7 @@ def test_a_step_no_sample_could_score_is_strict_json_null_and_a_warning(tiny_mod
     metrics = strict_lines(tmp_path / "run" / "metrics.jsonl")
     assert [m["reward/mean"] for m in metrics] == [None, None]
     assert metrics[0]["reward/strict/mean"] is None and metrics[0]["reward/unscorable"] == 4
-    assert metrics[0]["undefined"] == ["reward/mean", "reward/strict/mean"]
+    assert metrics[0]["undefined"] == ["reward/mean", "reward/min", "reward/max", "reward/strict/mean"]
     assert all(s["reward"] is None for s in strict_lines(tmp_path / "run" / "samples.jsonl"))
     assert (tmp_path / "run" / "report.html").is_file()     # the report reads nulls too
 
@@ -108,3 +108,19 @@ def test_strict_json_writes_null_for_every_non_finite_number():
     assert json.loads(line) == {"step": 3, "a": None, "b": None, "c": 1.5, "d": [None, 2],
                                 "undefined": ["a", "b"]}
     assert json.loads(strict_json({"x": float("nan")}, note=False)) == {"x": None}
+
+
+def test_wandb_dir_is_where_wandb_writes_when_it_is_set(tmp_path, monkeypatch):
+    # WANDB_DIR is wandb's own setting; the run directory is only the default when it is unset
+    pytest.importorskip("wandb")
+    from grpo.tracking import RunTracker
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
+    tracker = RunTracker(tmp_path / "run", report_to=["wandb"], config={"group_size": 8})
+    tracker.log({"reward/mean": 0.25}, step=1)
+    tracker.close()
+    (record,) = (tmp_path / "elsewhere" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert b"reward/mean" in record.read_bytes()
+    assert not (tmp_path / "run" / "wandb").exists()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().startswith('{"step": 1, "reward/mean": 0.25')
