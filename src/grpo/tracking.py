@@ -2,8 +2,8 @@
 installed and asked for (`report_to=[tensorboard,wandb,mlflow]`); a null tracker keeps call sites
 plain.
 
-W&B follows its own environment (WANDB_MODE=offline writes under OUTPUT_DIR/wandb, WANDB_PROJECT
-names the project, default "grpo"). MLflow logs to MLFLOW_TRACKING_URI, or else to a local store,
+W&B follows its own environment (WANDB_MODE=offline writes under WANDB_DIR/wandb, by default
+OUTPUT_DIR/wandb; WANDB_PROJECT names the project, default "grpo"). MLflow logs to MLFLOW_TRACKING_URI, or else to a local store,
 OUTPUT_DIR/mlflow.db (`mlflow ui --backend-store-uri sqlite:///OUTPUT_DIR/mlflow.db` shows it).
 """
 
@@ -88,8 +88,10 @@ class RunTracker(NullTracker):
         self.wandb = self.mlflow = None
         if "wandb" in report_to:
             import wandb
+            # WANDB_DIR is wandb's own setting; the run directory is only the default
+            where = os.environ.get("WANDB_DIR") or str(self.run_dir)
             self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpo"), name=self.run_dir.name,
-                                    dir=str(self.run_dir), config=config or {}, reinit="create_new")
+                                    dir=where, config=config or {}, reinit="create_new")
         if "mlflow" in report_to:
             import mlflow
             mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI")
