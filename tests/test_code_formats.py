@@ -875,3 +875,27 @@ def test_a_forged_colliding_set_costs_the_trainer_nothing(reward):
     started = time.monotonic()
     assert score(reward, row, forged, prompt="") == 0.0
     assert time.monotonic() - started < DEADLINE + 1.5
+
+
+@needs_sandbox
+def test_a_returned_value_far_larger_than_the_expected_one_never_reaches_the_trainer(
+        reward, monkeypatch):
+    # decoding is linear, but 8 MiB of small values still cost seconds: what comes back is sized
+    # from the row's expected values (4 times their encoding, and 4 KiB, per case or literal)
+    import grpo.rewards.code as code
+    received = []
+
+    def recording(*args, **kwargs):
+        out = run_program(*args, **kwargs)
+        received.append(len(out.stdout))
+        return out
+    run_program = code.run_program
+    monkeypatch.setattr(code, "run_program", recording)
+    calls = {"input_output": json.dumps({"inputs": [[1]], "outputs": [[1]], "fn_name": "f"})}
+    flood = "def f(x):\n    return [0] * 2_000_000\n"
+    assert score(reward, calls, flood, prompt="") == 0.0
+    assert score(reward, calls, "def f(x):\n    return [1]\n", prompt="") == 1.0
+    lit = {"test_list": ["assert f(1) == [1]", "assert f(2) == [2]"]}
+    assert score(reward, lit, flood, prompt="") == 0.0
+    assert score(reward, lit, "def f(x):\n    return [x]\n", prompt="") == 1.0
+    assert max(received) < (4 << 10) + (64 << 10) + 100

@@ -38,7 +38,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 from grpo.rewards import faults
-from grpo.rewards.harness import Unhashed, decode_unhashed, same
+from grpo.rewards.harness import NotPlain, Unhashed, decode_unhashed, encode, same
 from grpo.rewards.sandbox import Limits, isolation_level, run_program
 
 
@@ -730,11 +730,12 @@ class CodeTests:
             # the program's process decides whether the code continues the prompt's signature
             helpers = prompt_code(prompt) if spec.entry_point else ""
             job.update(test=spec.test, check=spec.check, entry_point=spec.entry_point,
-                       helpers=helpers, completion=completion)
+                       helpers=helpers, completion=completion,
+                       lit_caps={str(i): _sized(v) for i, v in spec.expected.items()})
             read_cap = max(read_cap, 8 << 20)
         elif spec.mode == "calls":
             job.update(fn_name=spec.fn_name, calls=spec.inputs)
-            read_cap = max(read_cap, 8 << 20)
+            read_cap = sum(_sized(o) for o in spec.outputs) + 65536
         else:
             cap = [2 * len(o.encode()) + 4096 for o in spec.outputs]
             job.update(inputs=spec.inputs, timeout_s=self.limits.timeout_s, output_cap=max(cap))
@@ -752,6 +753,16 @@ class CodeTests:
         if spec.mode == "tests":
             return judge_tests(spec, payload)
         return judge_cases(spec, payload)
+
+
+def _sized(expected) -> int:
+    """How many bytes of a returned value's encoding to take for one compared with `expected`: a
+    right one is about the size of `expected`'s own (a tuple is a tagged list, a key a pair), so
+    four times that and 4 KiB; a flood far past it would cost the trainer time to read."""
+    try:
+        return 4 * len(json.dumps(encode(expected))) + 4096
+    except (NotPlain, RecursionError, ValueError, TypeError):
+        return 8 << 20
 
 
 def judge_cases(spec: TestSpec, payload: dict | None) -> tuple[int, int]:

@@ -630,12 +630,20 @@ def run_tests(job, send, link_fds):
         flags.append(f"the program defines no function {entry!r}")
         return send({"flags": flags, **records})
 
+    caps = job.get("lit_caps") or {}
+
     def lit(index, value):
         try:
-            records["lit"].setdefault(str(index), []).append(encode(value))
+            encoded = encode(value)
         except (NotPlain, RecursionError) as e:
             flags.append(f"assert {index} compared {e}")
             raise AssertionError(index) from None
+        cap = caps.get(str(index))
+        if type(cap) is int and len(json.dumps(encoded)) > cap:
+            # far larger than the literal it is compared with (the trainer sized the cap from
+            # it): a failed assert, never sent, so the trainer never spends time reading it
+            raise AssertionError(index)
+        records["lit"].setdefault(str(index), []).append(encoded)
 
     def ran(index, ok):
         count = records["ran"].setdefault(str(index), [0, 0])
