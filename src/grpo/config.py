@@ -33,7 +33,9 @@ class ModelConfig:
     """Hugging Face model directory or hub name; `tiny` builds a small model with no download."""
     chat_template: str = "auto"
     """`auto` wraps prompts in the tokenizer's chat template when it has one; `required` always
-    does and stops with an error when the tokenizer has none; `none` never does."""
+    does and stops with an error when the tokenizer has none; `none` never does. A Jinja template
+    (text holding `{`), or the path of a file holding one (`chat.jinja`), replaces the tokenizer's
+    own and is always used; it is saved with the tokenizer in `final/`."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
     lora_r: int = 0
@@ -171,6 +173,16 @@ class SamplingConfig:
     """Sampling temperature for the group (evaluation is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling threshold for the group."""
+    top_k: int = 0
+    """Sample from the k most likely tokens only (0: all). The training log-probs cut the same
+    tokens, as for `top_p`, so pi_old is the distribution that sampled; top_k=1 is greedy."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely token's (0: none); cut
+    after top_k and top_p, as transformers does, and in the training log-probs too."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a completion as EOS does. The completion keeps the stop string: it runs
+    to the token that completes it, and its text, mask and log-probs hold those tokens (vLLM's
+    include_stop_str_in_output=True)."""
     sampler: str = "hf"
     """Generation engine: `hf` (the model's own forward with a KV cache, any device) or `vllm`
     (GPUs; `pip install -e '.[vllm]'` in a clone of grpo), colocated in the training process."""
@@ -771,6 +783,8 @@ BOUNDS: dict[str, Bound] = {
     "temperature": Bound(0, open_low=True, why="the logits are divided by it (evaluation is already "
                                                 "greedy)"),
     "top_p": Bound(0, 1, open_low=True, why="the probability mass sampled from"),
+    "top_k": Bound(0, why="the number of most likely tokens sampled from (0: all)"),
+    "min_p": Bound(0, 1, open_high=True, why="a fraction of the most likely token's probability"),
     "vllm_gpu_memory_utilization": Bound(0, 1, open_low=True, open_high=True,
                                          why="a fraction of the GPU's memory"),
     "max_sampling_rounds": _COUNT,
@@ -858,9 +872,24 @@ def validate(config: TrainConfig) -> None:
                           f"eval_samples ({c['eval_samples']}): raise eval_samples=N")
     if c["lr_schedule"] not in ("constant", "cosine"):
         raise ConfigError(f"config key 'lr_schedule' must be constant or cosine, got {c['lr_schedule']!r}")
-    if c["chat_template"] not in ("auto", "required", "none"):
-        raise ConfigError(f"config key 'chat_template' must be auto, required or none, got "
-                          f"{c['chat_template']!r}")
+    if c["chat_template"] not in ("auto", "required", "none") and "{" not in c["chat_template"] \
+            and not Path(c["chat_template"]).is_file():
+        raise ConfigError(f"config key 'chat_template' must be auto, required or none, a Jinja "
+                          f"template or the path of a file holding one; {c['chat_template']!r} is "
+                          "none of these (no such file)")
+    if "" in c["stop"]:
+        raise ConfigError("config key 'stop': an empty stop string would end every completion at "
+                          "its first token; remove it")
+    cut = [k for k, off in (("top_k", 0), ("min_p", 0.0), ("stop", [])) if c[k] != off]
+    if cut and c["sampler"] != "hf":
+        raise ConfigError(f"config key{'s' if len(cut) > 1 else ''} {', '.join(cut)}: grpo's own "
+                          "sampler (sampler=hf) applies them to the sampled and the trained "
+                          f"distribution alike; sampler={c['sampler']} does not yet. Use sampler=hf, "
+                          "or leave them unset")
+    if cut and (c["tools"] or c["environment"]):
+        raise ConfigError(f"config key{'s' if len(cut) > 1 else ''} {', '.join(cut)}: single-turn "
+                          "sampling applies them; multi-turn episodes (tools, environment) do not "
+                          "yet. Leave them unset for an agent run")
     if c["long_prompts"] not in ("error", "skip"):
         raise ConfigError(f"config key 'long_prompts' must be error or skip, got {c['long_prompts']!r}")
     if c["dtype"] not in ("float32", "bfloat16", "float16"):

@@ -322,7 +322,7 @@ def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = ""
         if system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": system_prompt})
         return _render(tokenizer, messages, tools, call_format)
-    if chat_template in ("auto", "required") and has_template:
+    if chat_template != "none" and has_template:   # auto, required, or a template of its own
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
         messages.append({"role": "user", "content": prompt})
         return _render(tokenizer, messages, tools, call_format)

@@ -8,7 +8,9 @@ model directory, so tests and the demo run with no download.
 from __future__ import annotations
 
 import copy
+import math
 import string
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -303,8 +305,20 @@ def prepare_tokenizer(tokenizer, name_or_path: str, chat_template: str = "auto")
                          f"{name_or_path} has no chat template; set chat_template=auto or none, or "
                          "use an instruct model's tokenizer")
     elif chat_template not in ("auto", "required"):
-        raise ModelError(f"chat_template must be 'auto', 'required' or 'none', got {chat_template!r}")
+        tokenizer.chat_template = chat_template_text(chat_template)
     return tokenizer
+
+
+def chat_template_text(value: str) -> str:
+    """The Jinja template a `chat_template` key gives: the text itself when it holds `{`, else
+    the contents of the file it names."""
+    if "{" in value:
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise ModelError(f"config key 'chat_template': {value!r} is not auto, required or none, "
+                         "not a Jinja template, and no such file")
+    return path.read_text(encoding="utf-8")
 
 
 def load_policy(name_or_path: str, dtype: str = "float32"):
@@ -365,15 +379,17 @@ class _SelectedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, inv_temp: float, chunk: int, top_p: float = 1.0):
+    def forward(ctx, hidden, weight, bias, targets, inv_temp: float, chunk: int, top_p: float = 1.0,
+                top_k: int = 0, min_p: float = 0.0):
+        cut = Cut(top_p, top_k, min_p)
         M = hidden.shape[0]
         logp, lse, entropy = (hidden.new_empty(M, dtype=torch.float32) for _ in range(3))
         buffers = _Buffers(min(chunk, M), weight.shape[0], hidden.device)
         for start in range(0, M, chunk):
             rows = slice(start, start + chunk)
             shifted = buffers.logits(hidden[rows], weight, bias, inv_temp)
-            if top_p < 1.0:
-                nucleus_(shifted, top_p, targets[rows])               # -inf outside the nucleus
+            if cut.active:
+                cut.apply_(shifted, targets[rows])           # -inf outside what the sampler drew from
             top = shifted.amax(-1, keepdim=True)
             shifted.sub_(top)                                      # logits - max
             probs = torch.exp(shifted, out=buffers.second(len(shifted)))
@@ -381,12 +397,12 @@ class _SelectedLogprobs(torch.autograd.Function):
             log_total = total.log()
             logp[rows] = (shifted.gather(-1, targets[rows, None]) - log_total).squeeze(-1)
             lse[rows] = (top + log_total).squeeze(-1)
-            if top_p < 1.0:
+            if cut.active:
                 shifted.clamp_(min=torch.finfo(torch.float32).min)  # 0 * -inf would be NaN
             # entropy = log Z - sum p * (logits - max) / Z, with Z = sum exp(logits - max)
             entropy[rows] = (log_total - probs.mul_(shifted).sum(-1, keepdim=True) / total).squeeze(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.inv_temp, ctx.chunk, ctx.top_p = inv_temp, chunk, top_p
+        ctx.inv_temp, ctx.chunk, ctx.cut = inv_temp, chunk, cut
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -403,8 +419,8 @@ class _SelectedLogprobs(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
             d_logits = buffers.logits(h, weight, bias, ctx.inv_temp)
-            if ctx.top_p < 1.0:
-                nucleus_(d_logits, ctx.top_p, targets[rows])          # the same nucleus: exp -> 0
+            if ctx.cut.active:
+                ctx.cut.apply_(d_logits, targets[rows])       # the same cut: exp -> 0 outside it
             g = grad_logp[rows].float()
             d_logits.sub_(lse[rows, None]).exp_().mul_(-g[:, None])   # -g * softmax
             d_logits.scatter_add_(-1, targets[rows, None], g[:, None])  # + g at the target
@@ -417,7 +433,8 @@ class _SelectedLogprobs(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += d_logits.sum(0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None)
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None, None,
+                None)
 
 
 def nucleus_(logits: torch.Tensor, top_p: float, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -432,6 +449,42 @@ def nucleus_(logits: torch.Tensor, top_p: float, targets: torch.Tensor | None = 
     if targets is not None:
         drop.scatter_(-1, targets[:, None], False)
     return logits.masked_fill_(drop, float("-inf"))
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What the samplers cut from a next-token distribution after the temperature, in the order
+    transformers' warpers apply them: top-k (the k largest logits; ties with the k-th kept), top-p
+    (nucleus_), min-p (tokens whose probability is below min_p times the largest one's). The
+    training log-probs cut the same, so the policy trained is the distribution that sampled.
+    0 (top_k, min_p) and 1 (top_p) mean no cut."""
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
+    def apply_(self, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """In place on [rows, V] logits (already divided by the temperature): -inf outside the
+        cut. A row's target is always kept: it was drawn, so it was inside the sampler's cut
+        (float noise between two computations can put it at the edge)."""
+        if self.top_k > 0 and self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+            drop = logits < kth
+            if targets is not None:
+                drop.scatter_(-1, targets[:, None], False)
+            logits.masked_fill_(drop, float("-inf"))
+        if self.top_p < 1.0:
+            nucleus_(logits, self.top_p, targets)
+        if self.min_p > 0.0:
+            # p_i < min_p * p_max  <=>  logit_i < max logit + log(min_p): no softmax needed
+            drop = logits < logits.amax(-1, keepdim=True) + math.log(self.min_p)
+            if targets is not None:
+                drop.scatter_(-1, targets[:, None], False)
+            logits.masked_fill_(drop, float("-inf"))
+        return logits
 
 
 class _Buffers:
@@ -460,19 +513,21 @@ class _Buffers:
 
 
 def selected_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
-                      temperature: float = 1.0, top_p: float = 1.0, banned: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      temperature: float = 1.0, top_p: float = 1.0, banned: list[int] | None = None,
+                      top_k: int = 0, min_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [M] of `targets` [M] and entropies [M] from final hidden states [M, H] and the
     output head, in chunks of about LOGIT_CHUNK_ELEMENTS logits (see `_SelectedLogprobs`); with
     top_p < 1, of the truncated, renormalized distribution the sampler drew from (`nucleus_`),
-    in chunks a quarter as large (the sort needs room)."""
-    chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0] // (4 if top_p < 1.0 else 1))
+    in chunks a quarter as large (the sort needs room); top_k and min_p cut as `Cut` says."""
+    chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0]
+                // (4 if Cut(top_p, top_k, min_p).active else 1))
     bias = head.bias
     if banned:      # tokens the sampler never draws (vision.placeholder_ids): the same distribution
         ban = torch.zeros(head.weight.shape[0], device=hidden.device)
         ban[list(banned)] = vision.BANNED_LOGIT
         bias = ban if bias is None else bias + ban
     return _SelectedLogprobs.apply(hidden, head.weight, bias, targets, 1.0 / temperature, chunk,
-                                   top_p)
+                                   top_p, top_k, min_p)
 
 
 def _head_is_plain(model) -> bool:
@@ -500,12 +555,12 @@ def _lean_hidden(lean, input_ids, attention_mask, position_ids, T: int) -> torch
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_len: int, with_entropy: bool = False, temperature: float = 1.0,
                    completion_mask: torch.Tensor | None = None, top_p: float = 1.0,
-                   visuals: list | None = None):
+                   visuals: list | None = None, top_k: int = 0, min_p: float = 0.0):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: [N, P+T], prompts left-padded, completions right-padded.
-    `temperature` divides the logits and `top_p` truncates them as the sampler did (nucleus_), so
-    the policy trained is the distribution that sampled.
+    `temperature` divides the logits and `top_p`, `top_k` and `min_p` cut them as the sampler did
+    (`Cut`), so the policy trained is the distribution that sampled.
     Returns logp [N, T] (0 where `completion_mask`, default the last T of `attention_mask`, is 0)
     and, if asked, the entropy of each next-token distribution [N, T] (0 there too, no gradient).
 
@@ -522,14 +577,16 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         with torch.autocast(input_ids.device.type, dtype=compute):
             hidden_or_logp = _token_logprobs(model, input_ids, attention_mask, T, with_entropy,
                                              temperature, completion_mask, top_p, head_in_fp32=True,
-                                             visuals=visuals)
+                                             visuals=visuals, top_k=top_k, min_p=min_p)
         return hidden_or_logp
     return _token_logprobs(model, input_ids, attention_mask, T, with_entropy, temperature,
-                           completion_mask, top_p, visuals=visuals)
+                           completion_mask, top_p, visuals=visuals, top_k=top_k, min_p=min_p)
 
 
 def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool, temperature: float,
-                    completion_mask, top_p: float, head_in_fp32: bool = False, visuals=None):
+                    completion_mask, top_p: float, head_in_fp32: bool = False, visuals=None,
+                    top_k: int = 0, min_p: float = 0.0):
+    cut = Cut(top_p, top_k, min_p)
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     mask = mask.to(input_ids.device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -550,9 +607,9 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         # (under autocast the head ran in bfloat16 here: only a head that is not a plain linear
         # layer, or FSDP2, takes this path)
         logits = logits / temperature
-        if top_p < 1.0:
+        if cut.active:
             flat = logits.detach().reshape(-1, logits.shape[-1]).clone()
-            keep = nucleus_(flat, top_p, targets.reshape(-1)).view_as(logits).isfinite()
+            keep = cut.apply_(flat, targets.reshape(-1)).view_as(logits).isfinite()
             logits = logits.masked_fill(~keep, float("-inf"))
         logp_all = F.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
@@ -574,10 +631,12 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
     if head_in_fp32:      # the output head in float32, whatever the compute dtype
         with torch.autocast(input_ids.device.type, enabled=False):
             logp_sel, entropy_sel = selected_logprobs(hidden[mask].float(), model.get_output_embeddings(),
-                                                      targets[mask], temperature, top_p, banned)
+                                                      targets[mask], temperature, top_p, banned,
+                                                      top_k, min_p)
     else:
         logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
-                                                  targets[mask], temperature, top_p, banned)    # [M]
+                                                  targets[mask], temperature, top_p, banned,
+                                                  top_k, min_p)    # [M]
     logp = logp_sel.new_zeros(mask.shape).masked_scatter(mask, logp_sel)
     if not with_entropy:
         return logp, None

@@ -35,6 +35,8 @@ class Rollout:
     truncated: torch.Tensor             # [N] bool; hit max_new_tokens before EOS
     temperature: float = 1.0            # the sampler's; log-probs of pi are taken at this temperature
     top_p: float = 1.0                  # and with this nucleus (models.nucleus_)
+    top_k: int = 0                      # and this top-k (0: none), and
+    min_p: float = 0.0                  # this min-p (0: none), cut as models.Cut says
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns, each [N]
     rewards: torch.Tensor | None = None          # [N] float; NaN where no function could score
     rewards_per_fn: dict[str, list] = field(default_factory=dict)  # name -> [N] float | None
@@ -154,7 +156,8 @@ def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
         completion_mask=torch.cat([right(p.completion_mask, T, 0) for p in parts]),
         sampler_logprobs=torch.cat([right(p.sampler_logprobs, T, 0.0) for p in parts]),
         truncated=torch.cat([p.truncated for p in parts]),
-        temperature=parts[0].temperature, top_p=parts[0].top_p,
+        temperature=parts[0].temperature, top_p=parts[0].top_p, top_k=parts[0].top_k,
+        min_p=parts[0].min_p,
         columns=columns,
         rewards=torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
         rewards_per_fn={k: [v for p in parts for v in p.rewards_per_fn[k]]

@@ -2,17 +2,23 @@
 
 A `Sampler` returns a `Rollout` with completion masks built from the generated lengths (the EOS
 token included), never from the pad id, which often equals EOS. It also returns the log-probs it
-drew each token with, after temperature and top-p.
+drew each token with, after temperature and the cut (top-k, top-p, min-p: models.Cut), which
+the training log-probs apply too, so pi_old is the distribution that sampled.
+
+Stop strings end a completion as EOS does, and the completion keeps them: its tokens run to the
+one that completes the stop string, and its text, mask and log-probs hold exactly those tokens
+(transformers' `stop_strings`; vLLM with `include_stop_str_in_output=True`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from grpo import decoder, vision, heap
+from grpo.models import Cut
 from grpo.rollout import Rollout
 
 
@@ -50,9 +56,10 @@ class HFSampler:
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, stop: tuple = ()):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.top_k, self.min_p, self.stop = top_k, min_p, tuple(stop)
 
     @torch.no_grad()
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
@@ -70,16 +77,17 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            completion_ids, sampler_logprobs = generate(
+            completion_ids, sampler_logprobs, lengths = generate_with_lengths(
                 self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
                 tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
                 top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size,
-                visuals=visuals)
+                visuals=visuals, top_k=self.top_k, min_p=self.min_p,
+                stopped=stop_check(tok, self.stop) if self.stop else None)
         finally:
             self.model.train(was_training)
         T = completion_ids.shape[1]
-        lengths = completion_lengths(completion_ids, tok.eos_token_id)
-        truncated = ~torch.isin(completion_ids, eos_ids(tok.eos_token_id)).any(-1)
+        truncated = lengths == 0               # neither EOS nor a stop string: cut at the limit
+        lengths = torch.where(truncated, torch.full_like(lengths, T), lengths)
         completion_mask = mask_from_lengths(lengths, T)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
         sampler_logprobs = sampler_logprobs.masked_fill(completion_mask == 0, 0.0)
@@ -94,6 +102,7 @@ class HFSampler:
             completion_ids=completion_ids, completion_mask=completion_mask,
             sampler_logprobs=sampler_logprobs, truncated=truncated,
             temperature=1.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
+            top_k=0 if greedy else self.top_k, min_p=0.0 if greedy else self.min_p,
             visuals=None if visuals is None else [v for v in visuals for _ in range(group_size)],
         )
 
@@ -175,25 +184,63 @@ PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_token_id: int | list[int], pad_token_id: int, *, temperature: float = 1.0,
              top_p: float = 1.0, greedy: bool = False, uniforms: torch.Tensor | None = None,
-             group_size: int = 1, visuals: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             group_size: int = 1, visuals: list | None = None, top_k: int = 0,
+             min_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """generate_with_lengths without the lengths: the tokens [N, T] and their log-probs [N, T]."""
+    tokens, logprobs, _ = generate_with_lengths(
+        model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
+        temperature=temperature, top_p=top_p, greedy=greedy, uniforms=uniforms,
+        group_size=group_size, visuals=visuals, top_k=top_k, min_p=min_p)
+    return tokens, logprobs
+
+
+def stop_check(tokenizer, stop: tuple[str, ...]) -> Callable[[list[int]], bool]:
+    """Whether a row's tokens so far end it at a stop string: the text of its last few tokens
+    (enough for the longest stop string) holds one. A stop string found there is new, since the
+    row would have ended at an earlier one."""
+    window = max(len(s) for s in stop) + 8
+
+    def stopped(ids: list[int]) -> bool:
+        tail = tokenizer.decode(ids[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stop)
+    return stopped
+
+
+def cut_warper(top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, greedy: bool = False):
+    """`drawn_from`'s warper for a cut (models.Cut), or None when nothing is cut."""
+    cut = Cut(top_p, top_k, min_p)
+    if greedy or not cut.active:
+        return None
+    return lambda _ids, scores: cut.apply_(scores.clone())
+
+
+def generate_with_lengths(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                          max_new_tokens: int, eos_token_id: int | list[int], pad_token_id: int, *,
+                          temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                          uniforms: torch.Tensor | None = None, group_size: int = 1,
+                          visuals: list | None = None, top_k: int = 0, min_p: float = 0.0,
+                          stopped: Callable[[list[int]], bool] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode up to `max_new_tokens` tokens for `group_size` rows of each left-padded prompt
     [B, P]: N = B * group_size rows, a prompt's rows next to each other. Each prompt is prefilled
     once and its keys and values are copied to its rows.
 
     `visuals` [B] (vision.Visual or None) are the prompts' images: each prompt's image features
-    are computed once, in its prefill.
+    are computed once, in its prefill. A row ends at EOS, or where `stopped` (stop_check) says
+    its tokens reach a stop string.
 
-    Returns the tokens [N, T] (pad after a row's EOS; T is the longest row) and the log-prob each
-    token was drawn with [N, T], from the logits after temperature and top-p.
+    Returns the tokens [N, T] (pad after a row's end; T is the longest row), the log-prob each
+    token was drawn with [N, T], from the logits after temperature and the cut (top_k, top_p,
+    min_p: models.Cut), and each row's length [N] up to and including the token that ended it
+    (0 for a row that reached `max_new_tokens` without ending).
     """
-    from transformers.generation.logits_process import TopPLogitsWarper
-
     device = next(model.parameters()).device
     N = prompt_ids.shape[0] * group_size
     eos = eos_ids(eos_token_id, device)
-    top_p_warper = TopPLogitsWarper(top_p) if (top_p < 1.0 and not greedy) else None
+    warper = cut_warper(top_p, top_k, min_p, greedy)
     tokens = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(N, max_new_tokens)
+    lengths = torch.zeros(N, dtype=torch.long)
     rows = torch.arange(N)                        # which original rows are still in the batch
     cache = _Cache(model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens, group_size,
                    visuals)
@@ -203,14 +250,20 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     steps = 0
     for t in range(max_new_tokens):
         steps = t + 1
-        scores = drawn_from(logits, banned, temperature, top_p_warper, greedy)
+        scores = drawn_from(logits, banned, temperature, warper, greedy)
         u = None if uniforms is None else uniforms[rows, t, None].to(scores.device)
         chosen, lse = draw(scores, greedy, u)
         chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1)
         chosen = chosen.masked_fill(ended, pad_token_id)
         tokens[rows, t] = chosen.cpu()
         logprobs[rows, t] = chosen_logp.cpu()
-        ended = ended | torch.isin(chosen, eos)
+        ending = ~ended & torch.isin(chosen, eos)
+        if stopped is not None:
+            for i in (~ended & ~ending).nonzero().squeeze(-1).tolist():
+                if stopped(tokens[rows[i], :t + 1].tolist()):
+                    ending[i] = True
+        lengths[rows[ending.cpu()]] = t + 1
+        ended = ended | ending
         if bool(ended.all()) or t + 1 == max_new_tokens:
             break
         if ended.float().mean() >= PRUNE_FRACTION:   # drop the ended rows and their cache
@@ -218,7 +271,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
             cache.keep(keep)
             rows, chosen, ended = rows[keep.cpu()], chosen[keep], ended[keep]
         logits = cache.step(chosen)
-    return tokens[:, :steps], logprobs[:, :steps]
+    return tokens[:, :steps], logprobs[:, :steps], lengths
 
 
 def draw(scores: torch.Tensor, greedy: bool = False,

@@ -399,6 +399,10 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
     weights (`vllm_sampler.py`); with tools or an environment, either samples episodes."""
     s = c.sampling
     agent = build.agent_of(c)
+    cut = [k for k, off in (("top_k", 0), ("min_p", 0.0), ("stop", [])) if getattr(s, k) != off]
+    if agent is not None and cut:      # a task's own tools make an agent run without `tools`
+        raise build.ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
+                                "episodes (tools, environment, a task with tools) do not yet")
     if agent is not None and s.sampler == "hf":
         return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
                               call_format=build.call_format_of(c, tokenizer, agent),
@@ -406,7 +410,8 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
                               temperature=s.temperature, top_p=s.top_p)
     if s.sampler == "hf":
         return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
-                         temperature=s.temperature, top_p=s.top_p)
+                         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                         stop=tuple(s.stop))
     from grpo.vllm_sampler import VLLMSampler, VLLMUnavailable
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     try:
