@@ -74,9 +74,13 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
           columns: dict[str, list], on_error: str) -> list:
     """Call `fn` on the batch; if it raises, find the samples that fail one at a time, then stop
     with an error that names the function and the first failing sample (`raise`) or mark the
-    failing samples unscorable (`skip`)."""
+    failing samples unscorable (`skip`). The function gets lists of its own: one that changes
+    them in place changes neither the other functions' inputs (they run beside it) nor the
+    completions and rows the run logs and reuses."""
+    prompts, completions = list(prompts), list(completions)
+    columns = {k: list(v) for k, v in columns.items()}
     try:
-        return fn(prompts, completions, **columns)
+        return as_values(fn(prompts, completions, **columns))
     except RewardError as e:  # it names its source (a reward server that failed, say)
         partial = getattr(e, "partial", None)    # some samples refused for what they are
         if on_error == "skip" and partial is not None and len(partial) == len(completions):
@@ -87,8 +91,8 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     values: list = []
     for i in range(len(completions)):
         try:
-            values += list(fn(prompts[i:i + 1], completions[i:i + 1],
-                              **{k: v[i:i + 1] for k, v in columns.items()}))
+            values += list(as_values(fn(prompts[i:i + 1], completions[i:i + 1],
+                                        **{k: v[i:i + 1] for k, v in columns.items()})))
         except Exception as e:  # noqa: BLE001
             if on_error == "raise":
                 raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on sample "
@@ -98,11 +102,20 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     return values
 
 
+def as_values(values):
+    """A NumPy array or a torch tensor of rewards (which TRL accepts) as a list; else as given."""
+    if type(values).__module__.split(".")[0] in ("numpy", "torch") and getattr(values, "ndim", 0) == 1:
+        return values.tolist()
+    return values
+
+
 def _as_reward(value, name: str, i: int) -> float | None:
     """One returned value as a reward: None stays None; a number, NumPy's included, is a float;
     a bool (Python's or NumPy's, from a check such as `answer == gold`) is 1.0 or 0.0."""
     if value is None:
         return None
+    if type(value).__module__ == "torch" and getattr(value, "ndim", None) == 0:
+        value = value.item()                 # a 0-d tensor, as `(x == y).float()` gives
     numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
     if isinstance(value, (bool, numbers.Real)) or numpy_bool:
         number = float(value)

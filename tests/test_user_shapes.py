@@ -1,0 +1,45 @@
+"""What users coming from other trainers hand over, in the shapes they have it: reward functions
+that change their inputs or return arrays, and dataset rows as public files hold them."""
+
+import time
+
+import numpy as np
+import torch
+
+from grpo.rewards import score
+
+
+def test_a_reward_that_changes_its_inputs_changes_no_other_reward_and_no_logged_sample():
+    def rewrites(prompts, completions, answer, **columns):
+        for i in range(len(completions)):
+            completions[i] = "X"        # "normalizing" in place
+        answer.reverse()
+        return [0.0] * len(completions)
+
+    def exact(prompts, completions, answer, **columns):
+        time.sleep(0.05)                # runs beside `rewrites`, after it has changed its lists
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    completions, columns = ["1", "2"], {"answer": ["1", "3"]}
+    totals, per_fn = score([rewrites, exact], [1.0, 1.0], ["p", "p"], completions, columns)
+    assert per_fn["exact"] == [1.0, 0.0]
+    assert totals == [1.0, 0.0]
+    assert completions == ["1", "2"]                # what samples.jsonl logs, as sampled
+    assert columns == {"answer": ["1", "3"]}        # the next step's rows, as read
+
+
+def test_a_reward_may_return_a_numpy_array_or_a_tensor_as_trl_accepts():
+    def as_array(prompts, completions, **columns):
+        return np.array([1.0, 0.0], dtype=np.float32)
+
+    def as_tensor(prompts, completions, **columns):
+        return torch.tensor([0.5, 0.25])
+
+    def of_scalars(prompts, completions, **columns):
+        return [torch.tensor(2.0), np.int64(3)]
+
+    totals, per_fn = score([as_array, as_tensor, of_scalars], [1.0, 2.0, 1.0], ["p"] * 2,
+                           ["a", "b"], {})
+    assert per_fn == {"as_array": [1.0, 0.0], "as_tensor": [0.5, 0.25], "of_scalars": [2.0, 3.0]}
+    assert totals == [1.0 + 1.0 + 2.0, 0.0 + 0.5 + 3.0]
+    assert all(type(v) is float for values in per_fn.values() for v in values)
