@@ -28,8 +28,7 @@ def test_each_answer_format_is_read(completion, gold):
 
 
 @pytest.mark.parametrize("completion, why", [
-    ("\\boxed{23} or maybe \\boxed{24}", "several different boxed answers"),
-    ("\\boxed{24} no wait \\boxed{23}", "several different boxed answers, the right one last"),
+    ("\\boxed{23} or maybe \\boxed{24}", "the last boxed answer is the one that counts"),
     ("the result is 1234", "the answer hidden in a longer number"),
     ("the answer is 23. Actually, the answer is 24.", "a correct answer followed by another"),
     ("What is 20 + 3?", "a completion that only repeats the question"),
@@ -40,6 +39,75 @@ def test_reward_hacking_attempts_score_zero(completion, why):
 
 def test_the_same_boxed_answer_twice_still_counts():
     assert one("\\boxed{23}, so \\boxed{23}", "23") == 1.0
+
+
+# One rule for which answer counts: the first kind present of \boxed{}, <answer>, `####`, a closing
+# "the answer is"/"Answer:", a bare number; of that kind, the LAST one (as math-verify and the
+# benchmarks' graders read it). A hedge gains nothing: only one answer is ever compared.
+@pytest.mark.parametrize("completion, gold, expected", [
+    ("\\boxed{18} no, \\boxed{19}", "19", 1.0),
+    ("\\boxed{18} no, \\boxed{19}", "18", 0.0),
+    ("\\boxed{41} or \\boxed{\\boxed{42}}", "42", 1.0),       # the last box, opened last
+    ("<answer>18</answer> <answer>19</answer>", "19", 1.0),
+    ("#### 18\n#### 19", "19", 1.0),
+    ("#### 18\n#### 19", "18", 0.0),
+    ("The answer is 18.\nNo: the answer is 19.", "19", 1.0),
+    ("The answer is 18. Then 20 more.", "18", 1.0),          # the sentence ends at its period
+    ("Answer: 18. Check: 18 + 2 = 20", "18", 1.0),
+    ("I got 18, then 19", "19", 1.0),
+    ("\\boxed{18}, so the answer is 19", "18", 1.0),          # a box beats a later phrase
+])
+def test_the_last_answer_of_each_kind_counts(completion, gold, expected):
+    assert one(completion, gold) == expected
+
+
+# A number is read whole, wherever it stands (a bare last number, after "the answer is", in a
+# box) and whichever way it is written; each was read as another number before.
+@pytest.mark.parametrize("completion, read, gold", [
+    ("so x is .5", "0.5", "1/2"),                                  # was 5
+    ("the change is -.5", "-0.5", "-\\frac{1}{2}"),                # was 5
+    ("we get \\frac{1}{2}", "\\frac{1}{2}", "0.5"),               # was 2
+    ("we get -\\dfrac{3}{4}", "-\\frac{3}{4}", "-0.75"),          # was 4
+    ("so \\frac12 of it", "\\frac{1}{2}", "0.5"),
+    ("a rise of 50%", "50\\%", "0.5"),                             # was 50
+    ("it weighs 1.5e3 grams", "1.5 \\times 10^{3}", "1500"),       # was 3
+    ("about 6.02 \\times 10^{23} atoms", "6.02 \\times 10^{23}", "6.02 \\times 10^{23}"),   # was 23
+    ("it is 1{,}000", "1000", "1000"),                             # LaTeX's thousands separator
+    ("it is 1\\,000", "1000", "1000"),
+    ("es sind 1.000.000", "1000000", "1000000"),                  # dots between thousands
+    ("c'est 1\u202f000\u202f000", "1000000", "1000000"),           # narrow spaces between thousands
+    ("the temperature is \u22125", "-5", "-5"),                    # a Unicode minus
+    ("The answer is 18 dollars.", "18", "18"),                     # units after the number
+    ("The answer is: **42**", "42", "42"),                         # Markdown bold
+    ("The answer is $18.", "18", "18"),
+    ("The answer is \\(\\frac{1}{2}\\).", "\\frac{1}{2}", "0.5"),
+    ("The answer is 2\\sqrt{3}.", "2\\sqrt{3}", "\\sqrt{12}"),     # not just its first number
+    ("\\boxed{1\\,000}", "1000", "1000"),                          # math-verify alone reads 0
+    ("\\boxed{1.5e3}", "1.5 \\times 10^{3}", "1500"),
+])
+def test_numbers_are_read_whole(completion, read, gold):
+    assert answers.extract_answer(completion) == read
+    assert one(completion, gold) == 1.0
+
+
+@pytest.mark.parametrize("completion, gold", [
+    ("so 18.", "18"), ("it costs $18", "18"), ("it costs 1,000 dollars", "1000"), ("that is 3/4", "0.75"),
+    ("16 - 3 - 4 = 9", "9"),                            # a minus between numbers is not a sign
+])
+def test_numbers_read_right_before_still_are(completion, gold):
+    assert one(completion, gold) == 1.0
+
+
+@pytest.mark.parametrize("gold, read", [
+    ("She sold 48/2 = 24 clips in May.\n#### 72", "72"),          # GSM8K
+    ("#### 1,000", "1000"),
+    ("first\n#### 18\nthen\n#### 19", "19"),                       # the same rule as completions
+    ("At first $\\boxed{6}$, then $\\boxed{3}$.", "3"),           # MATH's solution: the last box
+    (".5", "0.5"), ("-.5", "-0.5"), ("$18", "18"), ("1.5e3", "1.5 \\times 10^{3}"),
+    ("\\frac{1}{2}", "\\frac{1}{2}"), ("50\\%", "50\\%"),
+])
+def test_golds_are_read_by_the_same_rule(gold, read):
+    assert answers.extract_gold(gold) == read
 
 
 def hangs_on_three(x):
@@ -244,12 +312,18 @@ BOMBS = [
     ("The answer is " + "4" * 5000, "answer_too_long"),
     ("\\boxed{" * 3500, "no_answer"),                        # 24k characters: took seconds
     ("\n" * 32000, "no_answer"),                              # 32k newlines: took seconds
-    ("\\boxed{42} or \\boxed{\\boxed{42}}", "several_answers"),
     # a second round: commands whose arguments are numbers (each spent the 2 s CPU budget)
     ("\\boxed{\\frac{9}{1}^{9^{9}}}", "answer_too_large"),      # the power is the fraction's
     ("\\boxed{\\tfrac{9}{1}^{9^{9}}}", "answer_too_large"),
     ("\\boxed{\\binom{10^{9}}{10^{8}}}", "answer_too_large"),   # C(n, k) <= n^k
     ("\\boxed{\\Gamma(10^{9})}", "answer_too_large"),           # (10^9 - 1)!
+    # a third round: each spent the verifier's whole 2 s CPU budget
+    ("\\boxed{{10^{9} \\choose 10^{8}}}", "answer_too_large"),   # C(n, k) written with \choose
+    ("\\boxed{" + "^".join(["x"] * 400) + "}", "answer_too_deep"),   # a tower of 400 powers
+    ("\\boxed{" + "^".join(["1"] * 50) + "}", "answer_too_deep"),    # of 50, worth 1
+    ("\\boxed{" + "**".join(["2"] * 300) + "}", "answer_too_deep"),
+    ("\\boxed{x^{x^{x^{x^{x^{x}}}}}}", "answer_too_deep"),           # 5 powers, 5 braces deep
+    ("\\boxed{1) 9^{9^{9^{9}}}}", "answer_too_large"),              # a stray closer hid the rest
 ]
 
 
@@ -262,11 +336,29 @@ def test_a_bomb_scores_zero_in_bounded_time_with_its_cause_counted(completion, c
     assert faults.take() == {f"reward/math_accuracy/zero/{cause}": 1}
 
 
+TOWERS_AND_CHOOSE = ["{10^{9} \\choose 10^{8}}", "10^{9} \\choose 10^{8}",
+                     "^".join(["2"] * 400), "2^{" * 400 + "2" + "}" * 400, "**".join(["2"] * 400),
+                     "2^2^2^2^2^2^2^2"]
+
+
+@pytest.mark.parametrize("completion", TOWERS_AND_CHOOSE)
+def test_towers_and_choose_are_refused_before_any_verifier(monkeypatch, completion):
+    # Refused in the trainer's process, from the text alone: the verifier is never reached.
+    def no_verifier():
+        raise AssertionError("the verifier was reached")
+    monkeypatch.setattr(answers, "verifier_pool", no_verifier)
+    faults.take()
+    assert math_accuracy(["q"], ["\\boxed{" + completion + "}"], answer=["42"]) == [0.0]
+    assert list(faults.take().values()) == [1]
+
+
 @pytest.mark.parametrize("completion, gold", [
     ("\\boxed{2^{2017}}", "2^{2017}"), ("\\boxed{1000!}", "1000!"), ("\\boxed{e^{x^{2}}}", "e^{x^2}"),
     ("\\boxed{\\frac{\\sqrt{\\left(\\frac{1}{4}\\right)}}{2}}", "\\frac14"),
     ("\\boxed{\\binom{100}{50}}", "\\binom{100}{50}"), ("\\boxed{\\Gamma(5)}", "24"),
     ("\\boxed{\\frac{3}{4}^{2}}", "\\frac{9}{16}"),
+    ("\\boxed{{5 \\choose 2}}", "10"), ("\\boxed{\\binom{10000}{9999}}", "10000"),   # C(n, k) <= 2^n
+    ("\\boxed{2^{2^{2^{2}}}}", "65536"), ("\\boxed{2^2^2}", "16"),
 ])
 def test_answers_within_the_bounds_are_verified(completion, gold):
     # Powers and factorials of a few thousand digits, symbolic towers, four brackets deep.
@@ -282,6 +374,12 @@ SHAPES = {
     "answer tags": lambda n: "<answer>" * (n // 8),
     "hashes then spaces": lambda n: "#" * (n // 2) + " \n" * (n // 4),
     "closing phrases": lambda n: "the answer is   \n A:" * (n // 20),
+    "answer colons": lambda n: "Answer**" * (n // 8),
+    "a phrase then spaces": lambda n: "the answer is" + " " * n,
+    "thousands": lambda n: "1,000." * (n // 6),
+    "half-written fractions": lambda n: "\\frac{1}{" * (n // 9),
+    "exponents": lambda n: "1e" * (n // 2) + " \\times 10^" * (n // 24),
+    "narrow spaces": lambda n: "1\u202f" * (n // 2),
 }
 
 

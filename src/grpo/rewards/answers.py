@@ -8,7 +8,7 @@ time, and scores 0 (counted in faults.py, `reward/math_accuracy/zero/<cause>`) w
 is at fault:
 
     completion --extract (one pass, linear)--> answer --bounds.py--> worker: parse, verify
-                      no_answer, several_answers    answer_too_*     verifier_overran, verifier_raised
+                      no_answer                     answer_too_*     verifier_overran, verifier_raised
 
 Reading the answer is linear in the completion's length (no regular expression that backtracks
 over it, no scan per `\\boxed{`). An answer past the bounds of bounds.py never reaches a worker. In
@@ -31,8 +31,30 @@ _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 _BOXED_OR_BRACE = re.compile(r"\\boxed\{|[{}]")
 # `^[ \t]*A:`, not `^\s*A:`: `\s*` runs across lines, so on a flood of newlines every line start
 # scanned all the rest (quadratic). `the\s+` is linear: the runs after different "the"s are apart.
-_CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|^[ \t]*A:", re.IGNORECASE | re.MULTILINE)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+# `answer(?:\*\*)?[ \t]*:` has one run that can fail, never two around an optional part (which
+# backtracks quadratically over a flood of spaces).
+_CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|\banswer(?:\*\*)?[ \t]*:|^[ \t]*A:",
+                      re.IGNORECASE | re.MULTILINE)
+# A number as people and LaTeX write it. Tried left to right at each place: a fraction
+# (`\frac{1}{2}`, `\dfrac34`), thousands in groups of three (`1,000`, `1{,}000`, `1\,000`, narrow
+# spaces; `1.000.000` when two or more dots show they cannot be a decimal point), plain digits or
+# a leading point (`.5`); then `/4`, an exponent (`e3`, `\times 10^{23}`), a percent sign. A minus
+# (or U+2212) right before it is a sign where no word or bracket precedes it: `16-3-4=9` ends in 9.
+_FRACTION_PART = r"(?:\{\s*(?P<NAME>[-\u2212]?\d+(?:\.\d+)?)\s*\}|(?P<NAME1>\d))"
+_SEPARATOR = r"(?:,|\{,\}|\\,|[\u2009\u202f\u00a0])"
+_NUMBER = re.compile(
+    r"(?P<sign>(?<![\w)\]}])[-\u2212])?"
+    r"(?:\\[dtc]?frac\s*" + _FRACTION_PART.replace("NAME", "top") + r"\s*"
+    + _FRACTION_PART.replace("NAME", "bottom")
+    + r"|(?:(?P<grouped>\d{1,3}(?:" + _SEPARATOR + r"\d{3})+(?!\d)(?:\.\d+)?)"
+    r"|(?P<dotted>\d{1,3}(?:\.\d{3}){2,}(?![\d.]))"
+    r"|(?P<plain>\d+(?:\.\d+)?|(?<!\d)\.\d+))"
+    r"(?P<over>/\d+)?"
+    r"(?:[eE](?P<e>[-+]?\d+)(?!\w)"
+    r"|\s*\\times\s*10\s*\^\s*(?:\{\s*(?P<times>[-+]?\d+)\s*\}|(?P<times1>\d)))?"
+    r"(?P<percent>\s*\\?%)?)")
+_UNITS_AFTER = re.compile(r"\s+[A-Za-z]{2,}|\s+[A-Za-z](?![\w^_{(])")
+_SENTENCE_END = re.compile(r"\.(?=\s|$)")
 _SPACE = re.compile(r"\s*")
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _PROSE = re.compile(r"[a-zA-Z]{2,}")
@@ -40,6 +62,44 @@ _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[a-zA-Z*]+\}")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)"
                            r"\s*\{([^{}]*)\}")
 _WORD = re.compile(r"[a-z]{2,}")
+
+
+def number_text(m: re.Match) -> str:
+    """A `_NUMBER` match as the verifier reads it best: separators dropped, `0` before a leading
+    point, `\\frac{a}{b}` braced, an exponent as `\\times 10^{n}`, `%` as `\\%`, `-` for U+2212."""
+    sign = "-" if m.group("sign") else ""
+    if m.group("top") is not None or m.group("top1") is not None:          # a fraction
+        top, bottom = m.group("top") or m.group("top1"), m.group("bottom") or m.group("bottom1")
+        return f"{sign}\\frac{{{top}}}{{{bottom}}}".replace("\u2212", "-")
+    if m.group("grouped") is not None:
+        body = re.sub(r"\{,\}|\\,|[,\u2009\u202f\u00a0]", "", m.group("grouped"))
+    elif m.group("dotted") is not None:
+        body = m.group("dotted").replace(".", "")
+    else:
+        body = m.group("plain")
+        body = "0" + body if body.startswith(".") else body
+    body += m.group("over") or ""
+    exponent = m.group("e") or m.group("times") or m.group("times1")
+    if exponent is not None:
+        body += f" \\times 10^{{{exponent}}}"
+    if m.group("percent"):
+        body += "\\%"
+    return sign + body
+
+
+def as_number(answer: str) -> str:
+    """`answer` in `number_text`'s form when the whole of it (past `$`, `**` and spaces) is one
+    number; else unchanged."""
+    m = _NUMBER.fullmatch(answer.strip().strip("$*").strip())
+    return number_text(m) if m is not None else answer
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text` (`_NUMBER`), in `number_text`'s form."""
+    last = None
+    for last in _NUMBER.finditer(text):
+        pass
+    return number_text(last) if last is not None else None
 
 
 def boxed_spans(text: str) -> list[tuple[int, int]]:
@@ -69,19 +129,6 @@ def boxed_answers(text: str) -> list[str]:
     return [text[start:end].strip() for start, end in boxed_spans(text)]
 
 
-def several_boxed(text: str, spans: list[tuple[int, int]]) -> bool:
-    """Whether two boxes hold different answers. Linear: boxes with equal contents cannot nest
-    (the outer one is longer), so those compared before the first difference do not overlap."""
-    first = None
-    for start, end in spans:
-        content = text[start:end].strip()
-        if first is None:
-            first = content
-        elif content != first:
-            return True
-    return False
-
-
 def tagged(text: str, opening: str, closing: str) -> list[str]:
     """The text between each `opening` and the next `closing`, pairs taken left to right, in one
     pass: what re.findall(opening + "(.*?)" + closing, text, re.S) finds, which tries every
@@ -102,20 +149,22 @@ def last_tagged(text: str) -> str | None:
     return found[-1] if found else None
 
 
+_HASHES = re.compile(r"#{4,}\s*([^\s#][^\n]*)?")
+
+
 def _gsm8k_answer(text: str) -> str | None:
-    """What follows the first `####` (past any spaces and newlines) to the end of its line."""
-    start = text.find("####")
-    if start < 0:
-        return None
-    first = _SPACE.match(text, start + 4).end()
-    if first == len(text):
-        return None
-    end = text.find("\n", first)
-    return text[first:end if end >= 0 else len(text)].strip()
+    """What follows the last `####` that has something after it (past spaces and newlines), to
+    the end of its line. One pass: each run of hashes is matched once, its spaces once."""
+    found = None
+    for m in _HASHES.finditer(text):
+        if m.group(1) is not None:
+            found = m.group(1)
+    return found.strip() if found is not None else None
 
 
 def _marked_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str | None:
-    """The answer a writer marked: last \\boxed{}, else last <answer>..</answer>, else `#### n`."""
+    """The answer a writer marked, the last of the first kind present: \\boxed{} (the one opened
+    last), else <answer>..</answer>, else `#### n`."""
     spans = boxed_spans(text) if spans is None else spans
     if spans:
         start, end = spans[-1]
@@ -126,23 +175,40 @@ def _marked_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str
     return _gsm8k_answer(text)
 
 
-def extract_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str | None:
-    """A completion's final answer: the marked one, else a closing "the answer is ..." or "A: ...",
-    else the last number in the text. Linear in the length of `text`."""
-    marked = _marked_answer(text, spans)
-    if marked is not None:
-        return marked
+def _closing_answer(text: str) -> str | None:
+    """What follows the last "the answer is", "Answer:" or "A:" to the end of its sentence (a
+    period before a space or the end) or line, past `:`, `*`, `$` and `\\(..\\)`; a number
+    followed by words alone (`18 dollars`) is the number."""
     last = None
     for last in _CLOSING.finditer(text):
         pass
-    if last is not None:
-        end = text.find("\n", last.end())
-        rest = text[last.end():end if end >= 0 else len(text)]
-        return rest.strip().lstrip(":").strip().rstrip(".").strip() or None
-    last = None
-    for last in _NUMBER.finditer(text):
-        pass
-    return last.group().replace(",", "") if last is not None else None
+    if last is None:
+        return None
+    end = text.find("\n", last.end())
+    rest = text[last.end():end if end >= 0 else len(text)]
+    stop = _SENTENCE_END.search(rest)
+    rest = rest[:stop.start()] if stop else rest
+    rest = rest.strip().lstrip(":*").strip().strip("*$").strip()
+    if rest.startswith("\\(") and rest.endswith("\\)"):
+        rest = rest[2:-2].strip()
+    m = _NUMBER.match(rest)
+    if m is not None and (m.end() == len(rest) or _UNITS_AFTER.match(rest, m.end())):
+        return number_text(m)
+    return rest or None
+
+
+def extract_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str | None:
+    """A completion's final answer, by one rule (docs/guides/your-model-data-reward.md): the last
+    of the first kind present of a marked answer (`_marked_answer`), a closing "the answer is"
+    (`_closing_answer`), a number (`last_number`). A lone number is given in `number_text`'s form.
+    Linear in the length of `text`."""
+    marked = _marked_answer(text, spans)
+    if marked is not None:
+        return as_number(marked)
+    closing = _closing_answer(text)
+    if closing is not None:
+        return closing
+    return last_number(text)
 
 
 def extract_gold(text: str) -> str | None:
@@ -150,11 +216,11 @@ def extract_gold(text: str) -> str | None:
     `\\frac{1}{2}` or `x=3`; else, for prose, its last number."""
     marked = _marked_answer(text)
     if marked is not None:
-        return marked
+        return as_number(marked)
     bare = _LATEX_COMMAND.sub("", _TEXT_WRAPPER.sub("", _ENVIRONMENT.sub("", text)))
     if _PROSE.search(bare) and not is_text_answer(text):
         return extract_answer(text)
-    return text.strip() or None
+    return as_number(text.strip()) or None
 
 
 def normalize_text(answer: str) -> str:
@@ -258,11 +324,8 @@ def math_accuracy(prompts: list[str], completions: list[str], answer: list, **co
         gold = parsed_gold(gold_text)
         if not gold:
             continue
-        spans = boxed_spans(completion)
-        predicted = extract_answer(completion, spans)
-        cause = ("no_answer" if predicted is None else
-                 "several_answers" if several_boxed(completion, spans) else
-                 answer_fault(predicted))
+        predicted = extract_answer(completion)
+        cause = "no_answer" if predicted is None else answer_fault(predicted)
         if cause is not None:
             out[i] = 0.0
             faults.count("math_accuracy", cause)
