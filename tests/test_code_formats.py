@@ -899,3 +899,14 @@ def test_a_returned_value_far_larger_than_the_expected_one_never_reaches_the_tra
     assert score(reward, lit, flood, prompt="") == 0.0
     assert score(reward, lit, "def f(x):\n    return [x]\n", prompt="") == 1.0
     assert max(received) < (4 << 10) + (64 << 10) + 100
+
+
+@needs_sandbox
+@pytest.mark.parametrize("char", ["\u4e2d", "\U0001F600", "\x01"])
+def test_a_right_output_of_any_characters_reaches_the_trainer_whole(reward, char):
+    # the result line escapes an emoji as 12 characters and a control character as 6: the read
+    # cap must hold the escaped output, or a right program scores 0 (no result line)
+    row = {"tests": [{"input": "", "output": char * 100_000}]}
+    program = f"print({char!r} * 100_000)\n"
+    assert score(reward, row, program, prompt="") == 1.0
+    assert score(reward, row, f"print({char!r} * 99_999)\n", prompt="") == 0.0

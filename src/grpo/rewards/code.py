@@ -740,7 +740,9 @@ class CodeTests:
             cap = [2 * len(o.encode()) + 4096 for o in spec.outputs]
             job.update(inputs=spec.inputs, timeout_s=self.limits.timeout_s, output_cap=max(cap))
             deadline = self.limits.timeout_s * len(spec.inputs) + 2.0
-            read_cap = max(read_cap, sum(cap) + 65536)
+            # the result line escapes each byte of output into at most 6 characters (a control
+            # character as \u0001, an emoji's 4 bytes as two 6-character escapes)
+            read_cap = max(read_cap, 6 * sum(cap) + 65536)
         out = run_program(job, limits=self.limits, isolate=self.isolate, deadline_s=deadline,
                           read_cap=read_cap)
         payload = None if out.timed_out else result_payload(out.stdout, nonce)
