@@ -131,3 +131,26 @@ def test_rows_are_numbered_as_in_the_file(tiny_model_dir, tmp_path, monkeypatch,
         assert main([*args, "--row", str(number)]) == 2
         assert ("rows are numbered from 1, as in the file; mine.jsonl has rows 1..6"
                 in capsys.readouterr().err)
+
+
+def test_the_overview_prints_each_rewards_first_sentence_whole():
+    from grpo.explain import overview
+    from grpo.rewards import REWARDS
+    text = overview()
+    block = text.split("  2. score")[1].split("  3. normalize")[0].splitlines()[1:]
+    entries = {}
+    for line in block:                        # a name in its column, or a wrapped continuation
+        name = line[6:27].strip()
+        if name:
+            entries[name] = line[27:].strip()
+        else:
+            entries[list(entries)[-1]] += " " + line.strip()
+    assert list(entries) == list(REWARDS)
+    for name, sentence in entries.items():
+        assert sentence.endswith("."), (name, sentence)
+        assert sentence.count("(") == sentence.count(")") and sentence.count("`") % 2 == 0, (name, sentence)
+    # before: "1.0 when the answer (inside <answer> tags if present"
+    assert entries["exact_answer"] == ("1.0 when the answer (inside <answer> tags if present, else the "
+                                       "whole completion, stripped) is exactly the string `answer`; a "
+                                       "strict, fast check for tasks with canonical answers.")
+    assert all(len(line) <= 100 for line in block)

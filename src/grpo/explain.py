@@ -22,6 +22,8 @@ and a group like that teaches nothing.
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 
 import torch
 
@@ -36,12 +38,14 @@ from grpo.update import accumulate_gradients, logprobs_of, optimizer_step
 
 
 def _first_sentence(doc: str | None) -> str:
+    """The docstring's first sentence, whole: up to the first full stop that a capital follows."""
     text = " ".join((doc or "").split("\n\n")[0].split())
-    return text.split(", else")[0].split("; ")[0]
+    return re.split(r"(?<=\.) (?=[A-Z])", text, maxsplit=1)[0]
 
 
 def overview() -> str:
-    rewards = "\n".join(f"      {name:20s} {_first_sentence(fn.__doc__)}" for name, fn in REWARDS.items())
+    rewards = "\n".join(textwrap.fill(_first_sentence(fn.__doc__), 100, initial_indent=f"      {name:20s} ",
+                                       subsequent_indent=" " * 27) for name, fn in REWARDS.items())
     tasks = "\n".join(f"      {t.name:20s} {t.summary}" for t in TASKS.values())
     presets = "\n".join(f"      {name:10s} " + " ".join(f"{k}={v}" for k, v in keys.items())
                         for name, keys in ALGORITHMS.items())
