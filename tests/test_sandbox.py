@@ -213,3 +213,45 @@ def test_the_hosts_sys_is_out_of_sight(code_tests):
     # the host's /sys lists its network interfaces, disks and devices
     program = "import os\nseen = os.listdir('/sys')\ndef f(x): return 2 * x if seen == [] else -1"
     assert code_tests(["p"], [program], tests=[TESTS]) == [1.0]
+
+
+def test_a_kernel_keyring_carries_nothing_to_a_later_run(code_tests, monkeypatch):
+    # a user id's keyring outlives its processes; runs 256 apart in one trainer share a user id
+    import itertools
+    import subprocess
+    import sys
+    import grpo.rewards.sandbox as sandbox
+    monkeypatch.setattr(sandbox, "_UIDS", itertools.repeat(7))          # both runs: one user id
+    name = f"grpo-carry-{uuid.uuid4().hex}".encode()
+    numbers = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+    libc = "import ctypes\nlibc = ctypes.CDLL(None)\n"
+    first = (libc + f"libc.syscall({numbers[0]}, b'user', {name!r}, b'the answer', 10, -4)\n"
+             "def f(x): return 2 * x")                                  # add_key to @u
+    second = (libc + f"found = libc.syscall({numbers[1]}, 10, -4, b'user', {name!r}, 0)\n"
+              "def f(x): return 2 * x if found == -1 else -1")          # KEYCTL_SEARCH in @u
+    uid = sandbox._UID_BASE + (os.getpid() % (1 << 22)) * 256 + 7
+    try:
+        assert code_tests(["p"], [first], tests=[TESTS]) == [1.0]
+        assert code_tests(["p"], [second], tests=[TESTS]) == [1.0]
+    finally:    # clear that user id's keyring on the host (KEYCTL_CLEAR of @u, as that user)
+        subprocess.run([sys.executable, "-c", f"import ctypes, os\nos.setgid({uid}); os.setuid({uid})\n"
+                        f"ctypes.CDLL(None).syscall({numbers[1]}, 7, -4)"], check=False)
+
+
+def test_dev_shm_and_abstract_sockets_carry_nothing_between_runs(code_tests):
+    name = f"grpo-carry-{uuid.uuid4().hex}"
+    first = f"open('/dev/shm/{name}', 'w').write('the answer')\ndef f(x): return 2 * x"
+    second = f"import os\nfound = os.path.exists('/dev/shm/{name}')\ndef f(x): return 2 * x if not found else -1"
+    assert code_tests(["p"], [first], tests=[TESTS]) == [1.0]
+    assert code_tests(["p"], [second], tests=[TESTS]) == [1.0]
+    assert not Path(f"/dev/shm/{name}").exists()
+    host = socket.socket(socket.AF_UNIX)           # an abstract socket on the host: no file
+    host.bind(b"\0" + name.encode())
+    host.listen()
+    program = ("import socket\ns = socket.socket(socket.AF_UNIX)\n"
+               f"try:\n    s.connect(b'\\0{name}'); reached = True\nexcept OSError:\n    reached = False\n"
+               "def f(x): return 2 * x if not reached else -1")
+    try:
+        assert code_tests(["p"], [program], tests=[TESTS]) == [1.0]
+    finally:
+        host.close()

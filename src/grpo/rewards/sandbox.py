@@ -13,6 +13,8 @@ running trainer code), through a small launcher that, as root, before it drops p
 - sets hard limits on CPU time, address space, file size, open files and processes;
 - switches to a user id of its own (no supplementary groups), so it can signal no other process,
   read no other process's /proc entries, and write nowhere else the host does not leave open;
+  then sets no-new-privileges and a seccomp filter that fails the kernel keyring calls (a user
+  id's keyring outlives its processes, so a later run of that id would read it);
 - execs the interpreter with an empty environment, in isolated mode.
 
 The whole process tree is killed at the deadline (and after every run) by the namespace's init,
@@ -67,6 +69,35 @@ def alive(uid):
 # namespace or mount could not be made (the run is refused, never run with less).
 _LAUNCHER = r"""import ctypes, json, os, resource, sys, time
 s = json.loads(sys.argv[1])
+
+
+# No new privileges (a set-user-id program runs as its caller), and a seccomp filter that fails
+# add_key, request_key and keyctl with EPERM: a user id's kernel keyring outlives its processes,
+# and a later run of the same user id would read what this one left there.
+def no_keyrings():
+    import struct
+    arch, calls = {"x86_64": (0xC000003E, (248, 249, 250)),
+                   "aarch64": (0xC00000B7, (217, 218, 219))}.get(os.uname().machine, (None, ()))
+    if arch is None:
+        return False                                 # numbers unknown here: refuse the run
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    program = [(0x20, 0, 0, 4),                      # A = the call's architecture
+               (0x15, 1, 0, arch),                   # native: go on; else
+               (0x06, 0, 0, enosys),                 # any other ABI fails
+               (0x20, 0, 0, 0),                      # A = the call's number
+               (0x35, 4, 0, 0x40000000),             # x32 numbers: EPERM
+               (0x15, 3, 0, calls[0]), (0x15, 2, 0, calls[1]), (0x15, 1, 0, calls[2]),
+               (0x06, 0, 0, allow),
+               (0x06, 0, 0, eperm)]
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in program))
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Filter(len(program), ctypes.addressof(code))
+    libc, zero = ctypes.CDLL(None), ctypes.c_ulong(0)
+    return (libc.prctl(38, ctypes.c_ulong(1), zero, zero, zero) == 0             # NO_NEW_PRIVS
+            and libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero) == 0)
 
 
 if s["isolate"]:
@@ -130,6 +161,8 @@ if pid == 0:
         os.setgroups([])
         os.setgid(s["uid"])
         os.setuid(s["uid"])
+        if not no_keyrings():
+            os._exit(97)
     os.chdir("/tmp")
     os.execve(s["python"], [s["python"], "-I", "-S", "-c", s["harness"], s["mode"]], {})
 os.close(0)
