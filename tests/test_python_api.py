@@ -101,3 +101,45 @@ def test_a_model_without_its_tokenizer_is_refused(tiny_model_dir):
     c = build_config({"sft_steps": 0, "steps": 1})
     with pytest.raises(ConfigError, match=r"train\(model=\.\.\.\) needs its tokenizer too"):
         train(c, model=load_policy(str(tiny_model_dir)), log=lambda line: None, write_files=False)
+
+
+# ---- push_to_hub, against a stand-in of the hub API on loopback ------------------------------------
+
+def test_push_to_hub_uploads_final_to_the_repo(tmp_path, tiny_model_dir, monkeypatch):
+    import huggingface_hub.constants
+    from hub_standin import Hub
+    hub = Hub()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_standin")
+    lines = []
+    c = build_config({"model": str(tiny_model_dir), "sft_steps": 0, "steps": 1, "eval_every": 0,
+                      "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
+                      "push_to_hub": "someone/tiny-grpo", "output_dir": str(tmp_path / "run")})
+    train(c, dataset=_rows(4), reward_fns=[_ends_with_answer], log=lines.append)
+    final = tmp_path / "run" / "final"
+    sent = {p.relative_to(final).as_posix(): p.read_bytes() for p in final.rglob("*") if p.is_file()}
+    assert "config.json" in sent and "model.safetensors" in sent
+    assert hub.repos == {"someone/tiny-grpo"}
+    assert hub.files == sent                          # every file of final/, byte for byte
+    assert [path for method, path in hub.calls if method == "POST"][-1] == \
+        "/api/models/someone/tiny-grpo/commit/main"
+    assert any("someone/tiny-grpo" in line and "final" in line for line in lines)
+
+
+def test_push_to_hub_without_a_token_or_offline_stops_before_training(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+    c = build_config({"sft_steps": 0, "steps": 1, "push_to_hub": "someone/x",
+                      "output_dir": str(tmp_path / "run")})
+    # conftest sets HF_HUB_OFFLINE=1
+    with pytest.raises(ConfigError, match=r"config key 'push_to_hub'.*HF_HUB_OFFLINE"):
+        train(c, log=lambda line: None)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))          # no saved login either
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    with pytest.raises(ConfigError, match=r"config key 'push_to_hub'.*token.*HF_TOKEN"):
+        train(c, log=lambda line: None)
+    assert not (tmp_path / "run" / "final").exists()
+    with pytest.raises(ConfigError, match=r"config key 'push_to_hub' .*user/name"):
+        build_config({"push_to_hub": "not a repo"})

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import textwrap
 import typing
 from dataclasses import dataclass, field
@@ -375,6 +376,10 @@ class RunConfig:
     """Seed for data order, sampling and initialisation; the same seed gives the same numbers."""
     output_dir: str = "runs/demo"
     """Run directory for config, metrics, samples, TensorBoard events, checkpoints and plots."""
+    push_to_hub: str = ""
+    """A hub repo id (`user/name`): at the end of the run `final/` is uploaded to it (created
+    private if it does not exist), with huggingface_hub's `upload_folder`. Needs a token (HF_TOKEN
+    or `hf auth login`), checked at start; HF_ENDPOINT picks another hub."""
     algorithm: str = "grpo"
     """Preset that sets several keys at once (see `grpo explain --overview`); explicit keys win over it."""
     threads: int = 0
@@ -877,6 +882,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"config key 'chat_template' must be auto, required or none, a Jinja "
                           f"template or the path of a file holding one; {c['chat_template']!r} is "
                           "none of these (no such file)")
+    if c["push_to_hub"] and not re.fullmatch(r"[\w.-]+/[\w.-]+", c["push_to_hub"]):
+        raise ConfigError(f"config key 'push_to_hub' must be a hub repo id, user/name, got "
+                          f"{c['push_to_hub']!r}")
     if "" in c["stop"]:
         raise ConfigError("config key 'stop': an empty stop string would end every completion at "
                           "its first token; remove it")

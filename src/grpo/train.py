@@ -92,6 +92,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     c = build.with_given(config, given, model, tokenizer)
     if c.run.threads:
         torch.set_num_threads(c.run.threads)
+    check_push(c)
     world = distributed.setup()
     build.seed_everything(c.run.seed)
     build.check_choices(c)
@@ -201,8 +202,40 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if write_files:
         from grpo.report import write_report
         write_report(run_dir)
+        if c.run.push_to_hub:
+            push_final(c.run.push_to_hub, run_dir / "final", log)
     distributed.barrier(world)
     return RunResult(run_dir, history, policy, tokenizer)
+
+
+def check_push(c: TrainConfig) -> None:
+    """push_to_hub needs the hub and a token: said at start, not after the run."""
+    if not c.run.push_to_hub:
+        return
+    from huggingface_hub import constants, get_token
+    if constants.HF_HUB_OFFLINE:
+        raise build.ConfigError("config key 'push_to_hub' uploads final/ to the hub, and HF_HUB_OFFLINE "
+                                "is set; unset it, or leave push_to_hub empty")
+    if not get_token():
+        raise build.ConfigError("config key 'push_to_hub' needs a hub token with write access: set "
+                                "HF_TOKEN or run `hf auth login`")
+
+
+def push_final(repo_id: str, final: Path, log) -> None:
+    """final/ uploaded to `repo_id` (created private when it does not exist) in one commit;
+    HF_ENDPOINT, read now, names the hub. A failure is one line: the run itself is saved."""
+    import os
+    from huggingface_hub import HfApi
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+    try:
+        api.create_repo(repo_id, exist_ok=True, private=True)
+        api.upload_folder(folder_path=str(final), repo_id=repo_id,
+                          commit_message="grpo: final/ of the run")
+    except Exception as e:  # noqa: BLE001 - the hub client's errors have no common base
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrainingError(f"push_to_hub: {final} could not be uploaded to {repo_id}: {first}; "
+                            f"the run is saved: upload it later with `hf upload {repo_id} {final}`") from None
+    log(f"push_to_hub: {final} uploaded to {repo_id}")
 
 
 def finished_run(c: TrainConfig, checkpoint: Path, log) -> RunResult:
