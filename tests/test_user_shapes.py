@@ -43,3 +43,42 @@ def test_a_reward_may_return_a_numpy_array_or_a_tensor_as_trl_accepts():
     assert per_fn == {"as_array": [1.0, 0.0], "as_tensor": [0.5, 0.25], "of_scalars": [2.0, 3.0]}
     assert totals == [1.0 + 1.0 + 2.0, 0.0 + 0.5 + 3.0]
     assert all(type(v) is float for values in per_fn.values() for v in values)
+
+
+# ---- The cold start's demonstrations, from a `completion` column ----------------------------------
+
+def _demonstrations(tmp_path, rows):
+    import json
+
+    from grpo.build import load_data
+    from grpo.config import build_config
+    f = tmp_path / "demos.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_data(build_config({"dataset": str(f), "sft_steps": 2, "seed": 0})).demonstrations
+
+
+def test_a_conversational_completion_is_imitated_as_its_text_never_as_python(tmp_path):
+    # TRL's conversational prompt-completion rows: both columns are lists of messages.
+    demos = _demonstrations(tmp_path, [
+        {"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4",
+         "completion": [{"role": "assistant", "content": "It is 4."}]}])
+    assert [target for _, _, target in demos] == ["It is 4."]
+
+
+def test_rows_without_a_completion_are_not_demonstrations_of_none(tmp_path):
+    demos = _demonstrations(tmp_path, [
+        {"prompt": "2+2?", "answer": "4", "completion": "It is 4."},
+        {"prompt": "3+3?", "answer": "6", "completion": None},
+        {"prompt": "4+4?", "answer": "8", "completion": ""}])
+    assert [(row["prompt"], target) for row, _, target in demos] == [("2+2?", "It is 4.")]
+
+
+def test_a_completion_of_several_messages_is_refused_naming_the_row(tmp_path):
+    import pytest
+
+    from grpo.data import DataError
+    with pytest.raises(DataError, match=r"demos.jsonl row 2, column 'completion': .*assistant"):
+        _demonstrations(tmp_path, [
+            {"prompt": "2+2?", "answer": "4", "completion": "It is 4."},
+            {"prompt": "3+3?", "answer": "6",
+             "completion": [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "6"}]}])

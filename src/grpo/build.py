@@ -20,7 +20,7 @@ from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.data import (GIVEN, Columns, DataError, coverage_note, format_prompt, given_label,
-                       given_rows, load_rows)
+                       demonstration_text, given_rows, load_rows)
 from grpo import distributed, vision
 from grpo.vision.tiny import build_tiny_vlm
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
@@ -320,6 +320,15 @@ def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str
         raise DataError(f"config key '{key}': {e}") from None
 
 
+def demonstrations_of(path: str, rows: list[dict]) -> list[tuple[dict, str, str]]:
+    """(row, "", text to imitate) for the rows whose `completion` holds one (data.demonstration_text);
+    an unusable one is an error naming the first such row in the file's order."""
+    texts = {r["_row"]: demonstration_text(r["completion"], f"{path} row {r['_row'] + 1}, column "
+                                           "'completion'")
+             for r in sorted(rows, key=lambda r: r["_row"]) if "completion" in r}
+    return [(r, "", texts[r["_row"]]) for r in rows if texts.get(r["_row"]) is not None]
+
+
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
               check_golds_now: bool = True, tools: list | None = None,
               environment: Callable[[], object] | None = None,
@@ -340,7 +349,10 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         if log is not None:
             log(f"dataset: {len(train_rows):,} rows from {d.dataset}")
         random.Random(config.run.seed).shuffle(train_rows)
-        demonstrations = [(r, "", str(r["completion"])) for r in train_rows if "completion" in r]
+        demonstrations = demonstrations_of(d.dataset, train_rows)
+        if log is not None and 0 < len(demonstrations) < len(train_rows) and config.run.sft_steps:
+            log(f"cold start: {len(demonstrations):,} of {len(train_rows):,} rows have a completion "
+                "to imitate; the rest are GRPO's only")
     else:
         task = get_task(d.task)
         train_rows = task.train_rows(config.run.seed)

@@ -246,6 +246,25 @@ def prompt_value(value, where: str):
     return str(value)
 
 
+def demonstration_text(value, where: str) -> str | None:
+    """A `completion` cell as the text a cold start imitates: text as it is; a conversational
+    completion (TRL's one assistant message) as that message's text; None or empty: the row has
+    no demonstration. Never a Python rendering of messages or of None."""
+    if value is None or isinstance(value, str):
+        return value or None
+    if isinstance(value, (list, tuple)) and all(isinstance(m, dict) for m in value):
+        if len(value) == 1 and value[0].get("role") == "assistant" \
+                and isinstance(value[0].get("content"), str):
+            return value[0]["content"] or None
+        raise DataError(f"{where}: a completion of messages is imitated when it is one assistant "
+                        f"message of text; this one has the roles {[m.get('role') for m in value]}; "
+                        "give the text to imitate, or leave sft_steps out")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise DataError(f"{where}: a completion to imitate must be text or one assistant message, "
+                    f"not {type(value).__name__}")
+
+
 def open_text(path: str):
     """A text file for reading, decompressed by its suffix (.gz, .bz2, .xz, .zst)."""
     import io
