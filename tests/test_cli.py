@@ -222,3 +222,15 @@ def test_a_missing_optional_package_names_what_installs_it():
     from grpo.vllm_sampler import VLLMUnavailable  # noqa: F401  (the module imports without vLLM)
     assert INSTALL["wandb"] == "'wandb>=0.19' (in a clone of grpo: pip install -e '.[wandb]')"
     assert INSTALL["mlflow"].endswith("(in a clone of grpo: pip install -e '.[mlflow]')")
+
+
+def test_help_lists_every_built_in_task_from_the_task_table():
+    from grpo.config import field_docs
+    from grpo.tasks import TASKS
+    out = grpo("train", "--help").stdout
+    (line,) = [line for line in out.splitlines() if line.strip().startswith("tasks:")]
+    assert line.split(":", 1)[1].replace(" ", "").split(",") == list(TASKS)     # shapes too
+    assert "shapes" in TASKS
+    # the key's own text (docs/config.md is made from it) names each one as well
+    doc = field_docs()["task"]
+    assert all(name in doc for name in TASKS), doc

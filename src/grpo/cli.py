@@ -321,10 +321,11 @@ def command_help(command: str) -> str:
                                    subsequent_indent=" " * (width + 4)))
     if spec.keys is not None:
         from grpo.config import KEYS, help_text
+        from grpo.tasks import TASKS
         keys = [k for k, (section, _, _) in KEYS.items() if section in spec.keys
                 and (spec.keys[section] is ALL or k in spec.keys[section])]
         lines += ["", f"keys grpo {command} reads, in CONFIG.yaml or as key=value (defaults are "
-                      "the demo's):", "", help_text(keys)]
+                      "the demo's):", "", help_text(keys, choices={"task": list(TASKS)})]
     return "\n".join(lines)
 
 

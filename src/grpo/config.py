@@ -62,8 +62,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     task: str = "largest"
-    """Built-in task (largest, addition, countdown, calculator) used when `dataset` is empty; brings
-    its own reward (and calculator, an agent task, its tool)."""
+    """Built-in task (largest, addition, countdown, calculator, shapes) used when `dataset` is
+    empty; brings its own reward (and calculator, an agent task, its tool)."""
     dataset: str = ""
     """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
     dataset_config: str = ""
@@ -968,8 +968,9 @@ def _as_yaml(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def help_text(keys=None) -> str:
-    """Every key (or those in `keys`) with its default and meaning, grouped by section."""
+def help_text(keys=None, choices: dict[str, list[str]] | None = None) -> str:
+    """Every key (or those in `keys`) with its default and meaning, grouped by section; `choices`
+    adds a line under a key naming what it takes (the built-in tasks, from their table)."""
     docs = field_docs()
     lines = []
     for cls in SECTIONS:
@@ -982,6 +983,9 @@ def help_text(keys=None) -> str:
             lines.append(f"  {f.name}={_as_yaml(default)}")
             lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ",
                                        subsequent_indent="      "))
+            if f.name in (choices or {}):
+                lines.append(textwrap.fill(", ".join(choices[f.name]), 96,
+                                           initial_indent=f"      {f.name}s: ", subsequent_indent="        "))
     return "\n".join(lines)
 
 
