@@ -54,6 +54,7 @@ def test_the_same_boxed_answer_twice_still_counts():
     ("The answer is 18.\nNo: the answer is 19.", "19", 1.0),
     ("The answer is 18. Then 20 more.", "18", 1.0),          # the sentence ends at its period
     ("Answer: 18. Check: 18 + 2 = 20", "18", 1.0),
+    ("Answer: let us work it out step by step.\n40 + 2 = 42", "42", 1.0),   # prose: read on
     ("I got 18, then 19", "19", 1.0),
     ("\\boxed{18}, so the answer is 19", "18", 1.0),          # a box beats a later phrase
 ])

@@ -55,6 +55,7 @@ _NUMBER = re.compile(
     r"(?P<percent>\s*\\?%)?)")
 _UNITS_AFTER = re.compile(r"\s+[A-Za-z]{2,}|\s+[A-Za-z](?![\w^_{(])")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)")
+_MATH_SIGN = re.compile(r"[\d\\=^_{}+*/<>]")
 _SPACE = re.compile(r"\s*")
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _PROSE = re.compile(r"[a-zA-Z]{2,}")
@@ -178,7 +179,8 @@ def _marked_answer(text: str, spans: list[tuple[int, int]] | None = None) -> str
 def _closing_answer(text: str) -> str | None:
     """What follows the last "the answer is", "Answer:" or "A:" to the end of its sentence (a
     period before a space or the end) or line, past `:`, `*`, `$` and `\\(..\\)`; a number
-    followed by words alone (`18 dollars`) is the number."""
+    followed by words alone (`18 dollars`) is the number. None when none of these is there, or
+    when what follows is prose: more than four words, none of them mathematics."""
     last = None
     for last in _CLOSING.finditer(text):
         pass
@@ -194,6 +196,8 @@ def _closing_answer(text: str) -> str | None:
     m = _NUMBER.match(rest)
     if m is not None and (m.end() == len(rest) or _UNITS_AFTER.match(rest, m.end())):
         return number_text(m)
+    if len(rest.split()) > 4 and not _MATH_SIGN.search(rest):
+        return None         # prose ("Answer: let us work it out."): the answer is further on
     return rest or None
 
 
