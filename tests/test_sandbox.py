@@ -255,3 +255,15 @@ def test_dev_shm_and_abstract_sockets_carry_nothing_between_runs(code_tests):
         assert code_tests(["p"], [program], tests=[TESTS]) == [1.0]
     finally:
         host.close()
+
+
+def test_a_namespace_that_cannot_be_made_leaves_no_isolation(monkeypatch):
+    # the launcher refuses the run (status 97) rather than run it with fewer namespaces, so the
+    # probe sees nothing and code rewards refuse to start without unsafe_code_execution=true
+    import grpo.rewards.sandbox as sandbox
+    flags = "0x20000000 | 0x04000000) != 0"
+    assert flags in sandbox._LAUNCHER
+    monkeypatch.setattr(sandbox, "_LAUNCHER", sandbox._LAUNCHER.replace(flags, "0x20000000 | 0x1) != 0"))
+    assert sandbox.isolation_level.__wrapped__() == "none"
+    job = {"nonce": "n", "mode": "calls", "code": "def f(): return 1", "fn_name": "f", "calls": [[]]}
+    assert sandbox.run_program(job, limits=FAST).returncode == 97
