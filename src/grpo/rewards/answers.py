@@ -1,7 +1,8 @@
 """Math answer rewards: the completion's final answer against the `answer` column.
 
 Answers are compared with the `math-verify` library, so `\\frac{1}{2}`, `0.5` and `1/2` agree. Golds
-may be bare values, `\\boxed{..}` or GSM8K solutions ending in `#### n`.
+may be bare values, `\\boxed{..}` or GSM8K solutions ending in `#### n`, read by the completions'
+rule (`extract_answer`): of the first kind present, the last answer counts.
 
 A completion is an adversary: whatever it holds, `math_accuracy` returns a number for it in bounded
 time, and scores 0 (counted in faults.py, `reward/math_accuracy/zero/<cause>`) when the completion
@@ -314,13 +315,13 @@ _POOL_CAUSES = {"cpu": "verifier_overran", "error": "verifier_raised"}
 
 
 def math_accuracy(prompts: list[str], completions: list[str], answer: list, **columns) -> list:
-    """1.0 when the completion's final answer equals `answer` (via math-verify), else 0.0.
+    """1.0 when the completion's final answer (`extract_answer`: the last of the first kind
+    present) equals `answer` (via math-verify), else 0.0.
 
-    0.0 with a cause counted (module docstring) when the completion has no answer, several
-    different \\boxed{} answers, an answer past the bounds of bounds.py, or one that costs the
-    verifier its CPU budget or makes it raise. None when the gold holds no value to compare with,
-    or when the verifier was starved past its deadline or its worker was killed (not the
-    completion's doing; the worker is replaced).
+    0.0 with a cause counted (module docstring) when the completion has no answer, an answer past
+    the bounds of bounds.py, or one that costs the verifier its CPU budget or makes it raise.
+    None when the gold holds no value to compare with, or when the verifier was starved past its
+    deadline or its worker was killed (not the completion's doing; the worker is replaced).
     """
     out: list[float | None] = [None] * len(completions)
     jobs, where = [], []
