@@ -5,6 +5,7 @@ import torch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")   # as the command sets it
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

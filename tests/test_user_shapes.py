@@ -82,3 +82,13 @@ def test_a_completion_of_several_messages_is_refused_naming_the_row(tmp_path):
             {"prompt": "2+2?", "answer": "4", "completion": "It is 4."},
             {"prompt": "3+3?", "answer": "6",
              "completion": [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "6"}]}])
+
+
+def test_grpo_score_still_reads_a_completion_column_of_several_texts(tmp_path):
+    import json
+
+    from grpo.score import score_file
+    f = tmp_path / "outputs.jsonl"
+    f.write_text(json.dumps({"prompt": "2+2?", "answer": "4", "completion": ["4", "5"]}) + "\n")
+    metrics = score_file([f"dataset={f}", "rewards=[exact_answer]"], out=str(tmp_path / "s.jsonl"))
+    assert (metrics["completions"], metrics["pass@1"]) == (2, 0.5)

@@ -320,12 +320,19 @@ def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str
         raise DataError(f"config key '{key}': {e}") from None
 
 
-def demonstrations_of(path: str, rows: list[dict]) -> list[tuple[dict, str, str]]:
-    """(row, "", text to imitate) for the rows whose `completion` holds one (data.demonstration_text);
-    an unusable one is an error naming the first such row in the file's order."""
-    texts = {r["_row"]: demonstration_text(r["completion"], f"{path} row {r['_row'] + 1}, column "
-                                           "'completion'")
-             for r in sorted(rows, key=lambda r: r["_row"]) if "completion" in r}
+def demonstrations_of(path: str, rows: list[dict], imitated: bool) -> list[tuple[dict, str, str]]:
+    """(row, "", text to imitate) for the rows whose `completion` holds one (data.demonstration_text).
+    With a cold start (`imitated`) an unusable one is an error naming the first such row in the
+    file's order; without, it is no demonstration (`grpo score` reads lists of texts there)."""
+    texts = {}
+    for r in sorted(rows, key=lambda r: r["_row"]):
+        if "completion" in r:
+            try:
+                texts[r["_row"]] = demonstration_text(r["completion"], f"{path} row {r['_row'] + 1}, "
+                                                      "column 'completion'")
+            except DataError:
+                if imitated:
+                    raise
     return [(r, "", texts[r["_row"]]) for r in rows if texts.get(r["_row"]) is not None]
 
 
@@ -349,7 +356,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
         if log is not None:
             log(f"dataset: {len(train_rows):,} rows from {d.dataset}")
         random.Random(config.run.seed).shuffle(train_rows)
-        demonstrations = demonstrations_of(d.dataset, train_rows)
+        demonstrations = demonstrations_of(d.dataset, train_rows, config.run.sft_steps > 0)
         if log is not None and 0 < len(demonstrations) < len(train_rows) and config.run.sft_steps:
             log(f"cold start: {len(demonstrations):,} of {len(train_rows):,} rows have a completion "
                 "to imitate; the rest are GRPO's only")
