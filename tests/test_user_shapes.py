@@ -92,3 +92,16 @@ def test_grpo_score_still_reads_a_completion_column_of_several_texts(tmp_path):
     f.write_text(json.dumps({"prompt": "2+2?", "answer": "4", "completion": ["4", "5"]}) + "\n")
     metrics = score_file([f"dataset={f}", "rewards=[exact_answer]"], out=str(tmp_path / "s.jsonl"))
     assert (metrics["completions"], metrics["pass@1"]) == (2, 0.5)
+
+
+def test_an_empty_prompt_is_refused_naming_the_row(tmp_path):
+    import json
+
+    import pytest
+
+    from grpo.data import DataError, load_rows
+    f = tmp_path / "gaps.jsonl"
+    f.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n"
+                         for q in ["1 + 0?", "  \n", "0 + 1?"]))
+    with pytest.raises(DataError, match=r"gaps.jsonl row 2, column 'question': the prompt is empty"):
+        load_rows(str(f))

@@ -232,8 +232,11 @@ def _pick(wanted: str, fallbacks: tuple[str, ...], names: list[str]) -> str | No
 
 
 def prompt_value(value, where: str):
-    """A prompt as text, or as a list of chat messages (each a dict with `role` and `content`)."""
+    """A prompt as text, or as a list of chat messages (each a dict with `role` and `content`).
+    An empty or blank prompt is an error: a group sampled from nothing teaches nothing."""
     if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: the prompt is empty; fix the row or drop it")
         return value
     if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
         for k, message in enumerate(value):
