@@ -287,3 +287,18 @@ def test_a_duplicate_yaml_key_is_an_error_naming_both_lines(tmp_path):
     with pytest.raises(ConfigError, match=r"^.*run.yaml:4: config key 'group_size' is given twice "
                                           r"\(lines 1 and 4\); keep one"):
         load_config(str(f))
+
+
+def test_the_kl_cov_preset_sets_the_second_update_its_term_needs():
+    # |log pi_theta - log pi_old| is 0 at a batch's first update: with one update per batch the
+    # preset would be the plain policy gradient (and said so at start)
+    from grpo.build import check_selection
+    c = build_config({"algorithm": "kl_cov"})
+    assert c.optim.num_iterations == 2
+    notes = []
+    check_selection(c, notes.append)
+    assert not [n for n in notes if "num_iterations" in n]
+    # a user's own choice still wins, and is still told
+    c1 = build_config({"algorithm": "kl_cov", "num_iterations": 1})
+    check_selection(c1, notes.append)
+    assert c1.optim.num_iterations == 1 and any("num_iterations=1" in n for n in notes)

@@ -868,7 +868,7 @@ def test_kl_cov_with_one_update_per_batch_is_noted_at_start():
     from grpo.build import check_selection
     from grpo.config import load_config
     lines: list[str] = []
-    check_selection(load_config(overrides=["algorithm=kl_cov"]), lines.append)
+    check_selection(load_config(overrides=["algorithm=kl_cov", "num_iterations=1"]), lines.append)
     assert len(lines) == 1 and "num_iterations=1" in lines[0] and "never acts" in lines[0]
 
 

@@ -24,8 +24,10 @@ ALGORITHMS: dict[str, dict] = {
              "epsilon": 0.4, "epsilon_high": 0.4, "beta": 0.0},
     "clip_cov": {"advantage": "group_norm", "loss_type": "clip_cov", "aggregation": "token_mean",
                  "clip_cov_fraction": 2e-4, "clip_cov_low": 1.0, "clip_cov_high": 5.0, "beta": 0.0},
+    # num_iterations=2: KL-Cov's term |log pi_theta - log pi_old| is 0 at a batch's first update,
+    # and acts from its second on, as in the paper's runs of several updates per rollout batch
     "kl_cov": {"advantage": "group_norm", "loss_type": "kl_cov", "aggregation": "token_mean",
-               "kl_cov_fraction": 2e-3, "kl_cov_coef": 1.0, "beta": 0.0},
+               "kl_cov_fraction": 2e-3, "kl_cov_coef": 1.0, "beta": 0.0, "num_iterations": 2},
     "reinforce_pp": {"advantage": "reinforce_pp", "reinforce_pp_batch_norm": True, "loss_type": "clip",
                      "aggregation": "sequence_mean", "epsilon": 0.2, "epsilon_high": 0.2,
                      "beta": 0.001, "kl_estimator": "k1", "kl_in_reward": True},
