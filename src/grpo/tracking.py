@@ -3,8 +3,9 @@ installed and asked for (`report_to=[tensorboard,wandb,mlflow]`); a null tracker
 plain.
 
 W&B follows its own environment (WANDB_MODE=offline writes under WANDB_DIR/wandb, by default
-OUTPUT_DIR/wandb; WANDB_PROJECT names the project, default "grpo"). MLflow logs to MLFLOW_TRACKING_URI, or else to a local store,
-OUTPUT_DIR/mlflow.db (`mlflow ui --backend-store-uri sqlite:///OUTPUT_DIR/mlflow.db` shows it).
+OUTPUT_DIR/wandb; WANDB_PROJECT names the project, default "grpo"). MLflow logs to
+MLFLOW_TRACKING_URI, or else to a local store, OUTPUT_DIR/mlflow.db (`mlflow ui
+--backend-store-uri sqlite:///OUTPUT_DIR/mlflow.db` shows it).
 """
 
 from __future__ import annotations
