@@ -764,11 +764,13 @@ class Bound:
         return above and below
 
     def describe(self) -> str:
+        def num(x) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
         if self.high is None:
             if self.open_low:
-                return f"above {self.low:g}"
-            return "0 or more" if self.low == 0 else f"at least {self.low:g}"
-        return (f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}"
+                return f"above {num(self.low)}"
+            return "0 or more" if self.low == 0 else f"at least {num(self.low)}"
+        return (f"in {'(' if self.open_low else '['}{num(self.low)}, {num(self.high)}"
                 f"{')' if self.open_high else ']'}")
 
 
