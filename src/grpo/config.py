@@ -123,7 +123,8 @@ class AgentConfig:
     max_turns: int = 4
     """Model turns per episode (with tools or an environment)."""
     turn_tokens: int = 0
-    """Tokens the model may write in one turn; 0 = max_new_tokens."""
+    """Tokens the model may write in one turn; 0 = max_new_tokens. A turn cut there is answered
+    (its calls, else the environment) and the episode goes on."""
     episode_tokens: int = 0
     """Every token after the prompt, the model's and the tools' and environment's; 0 = max_turns x
     (turn_tokens + 64). An episode that reaches a limit is truncated."""
