@@ -82,7 +82,7 @@ def test_a_chat_template_required_but_missing(done_run, tiny_model_dir):
     ('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n{"question": 3+3}\n',
      "line 3: not valid JSON"),
     ('{"question": "1+1", "answer": "2"}\n[1, 2]\n', "line 2: expected a JSON object, got list"),
-    ('{"query": "1+1", "answer": "2"}\n', "no prompt column 'question'"),
+    ('{"query": "1+1", "answer": "2"}\n', "no prompt column; none of"),
     ('{"question": "1+1", "gold": "2"}\n', "row 1: no value in the answer column 'answer'"),
 ])
 def test_a_bad_dataset_file_is_named_with_its_line(done_run, tiny_model_dir, tmp_path, content, message):

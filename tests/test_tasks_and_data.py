@@ -119,3 +119,22 @@ def test_a_tokenizer_that_covers_the_data_says_nothing(tiny):
     assert uncovered_characters(tokenizer, rows) == ([], 0)
     assert coverage_note(tokenizer, {"train": rows}, "model tiny") is None
     assert uncovered_characters(tokenizer, [{"prompt": "a", "completion": "b\tc"}]) == (["\t"], 1)
+
+
+def test_a_file_with_two_usual_prompt_columns_asks_which(tmp_path):
+    # A TRL-prepared GSM8K keeps the source's `question` beside its `prompt` of chat messages (with
+    # the system prompt): the default prompt_column=question trained on `question` and silently
+    # dropped `prompt`. Now neither is taken without being named.
+    f = tmp_path / "d.jsonl"
+    row = {"question": "What is 2+2?", "answer": "4",
+           "prompt": [{"role": "system", "content": "Think first."},
+                      {"role": "user", "content": "What is 2+2?"}]}
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=r"the columns \['prompt', 'question'\] could each hold the "
+                                        r"prompts; set prompt_column=prompt"):
+        load_rows(str(f), Columns())
+    assert load_rows(str(f), Columns("prompt"))[0]["prompt"] == row["prompt"]
+    assert load_rows(str(f), Columns("question"))[0]["prompt"] == "What is 2+2?"
+    g = tmp_path / "gsm8k.jsonl"                  # one usual column: taken, as before
+    g.write_text(json.dumps({"question": "1+1?", "answer": "#### 2", "text": "other"}) + "\n")
+    assert load_rows(str(g), Columns())[0]["prompt"] == "1+1?"

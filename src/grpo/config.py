@@ -78,10 +78,10 @@ class DataConfig:
     in a run on an environment's reward alone, with that reward."""
     eval_split: str = "test"
     """Split of `eval_dataset` when it is a hub dataset or a dataset directory."""
-    prompt_column: str = "question"
+    prompt_column: str = ""
     """Dataset column that holds the prompt: text, or a list of {role, content} chat messages (put
-    through the chat template). When absent: prompt, problem, question, text, question_content or
-    description, the first found."""
+    through the chat template). Empty: the one of prompt, problem, question, text, question_content
+    and description the dataset has (two of the first three is an error that asks which)."""
     answer_column: str = "answer"
     """Dataset column with the reference answer, passed to reward functions as `answer` (a bare
     value, GSM8K's `#### n`, or a worked solution whose last \\boxed{} is the gold); when absent,

@@ -34,7 +34,7 @@ ANSWER_COLUMNS = ("answer", "solution")
 @dataclass(frozen=True)
 class Columns:
     """Which dataset column is which; each is renamed to the name on the left for the rewards."""
-    prompt: str = "question"
+    prompt: str = ""          # empty: the one of PROMPT_COLUMNS the dataset has (prompt_column)
     answer: str = "answer"
     tests: str = "tests"
     entry_point: str = "entry_point"
@@ -184,10 +184,7 @@ def table_rows(table, names: list[str], columns: Columns, path: str, base: Path 
                ) -> list[dict]:
     """load_rows on a table already read: `table` yields one dict per row with the columns
     `names`; `path` names it in errors; `base` is where relative image paths start."""
-    source_prompt = _pick(columns.prompt, PROMPT_COLUMNS, names)
-    if source_prompt is None:
-        raise DataError(f"{path}: no prompt column '{columns.prompt}' (columns: {names}); "
-                        "set prompt_column=NAME")
+    source_prompt = prompt_column_of(columns.prompt, names, path)
     source_answer = _pick(columns.answer, ANSWER_COLUMNS, names) if columns.answer == "answer" \
         else columns.answer
     if source_answer not in names and columns.answer != "answer":
@@ -223,6 +220,26 @@ def table_rows(table, names: list[str], columns: Columns, path: str, base: Path 
     if not rows:
         raise DataError(f"{path}: the dataset has no rows")
     return rows
+
+
+def prompt_column_of(wanted: str, names: list[str], path: str) -> str:
+    """The column that holds the prompts: `wanted` when given; else the one of PROMPT_COLUMNS the
+    table has. Two of the usual ones (a TRL `prompt` of chat messages beside the source's own
+    `question`, say) are an error: taking either silently would train on the other's text."""
+    if wanted:
+        if wanted not in names:
+            raise DataError(f"{path}: no prompt column '{wanted}' (columns: {names}); "
+                            "set prompt_column=NAME")
+        return wanted
+    found = [n for n in PROMPT_COLUMNS if n in names]
+    usual = [n for n in found if n in PROMPT_COLUMNS[:3]]
+    if len(usual) > 1:
+        raise DataError(f"{path}: the columns {usual} could each hold the prompts; set "
+                        f"prompt_column={usual[0]} (or another) to say which")
+    if not found:
+        raise DataError(f"{path}: no prompt column; none of {list(PROMPT_COLUMNS)} is among its "
+                        f"columns {names}; set prompt_column=NAME")
+    return found[0]
 
 
 def _pick(wanted: str, fallbacks: tuple[str, ...], names: list[str]) -> str | None:
