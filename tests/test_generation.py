@@ -162,3 +162,13 @@ def test_explain_takes_the_sampling_keys():
                           text=True, timeout=120)
     assert done.returncode == 0
     assert all(f"  {key}=" in done.stdout for key in ("top_k", "min_p", "stop"))
+
+
+def test_sampled_evaluation_draws_from_the_whole_distribution_and_restores_the_cut(tiny):
+    # pass@k with eval_samples > 1 was drawn under the run's top_k and min_p (only top_p was reset)
+    from grpo.evaluate import sampling_at
+    model, tok = tiny
+    sampler = HFSampler(model, tok, max_new_tokens=4, temperature=1.3, top_p=0.9, top_k=1, min_p=0.5)
+    with sampling_at(sampler, 0.7, seed=0, device=None) as s:
+        assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.7, 1.0, 0, 0.0)
+    assert (sampler.temperature, sampler.top_p, sampler.top_k, sampler.min_p) == (1.3, 0.9, 1, 0.5)

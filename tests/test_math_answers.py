@@ -99,6 +99,29 @@ def test_numbers_read_right_before_still_are(completion, gold):
     assert one(completion, gold) == 1.0
 
 
+@pytest.mark.parametrize("completion, read, gold", [
+    ("the result is 2^10", "2^{10}", "1024"),           # read as 10 before: a power, not its exponent
+    ("so we get 10^{3}", "10^{3}", "1000"),            # read as 3
+    ("x = 10^3 meters", "10^{3}", "1000"),
+    ("answer 2^{-1}", "2^{-1}", "\\frac{1}{2}"),
+    ("x^2 + 1 = 5", "5", "5"),                           # a symbol's power is no number
+])
+def test_a_bare_power_is_read_whole(completion, read, gold):
+    assert answers.extract_answer(completion) == read
+    assert one(completion, gold) == 1.0
+    if "^" in read:
+        assert one(completion, read.split("^")[-1].strip("{}")) == 0.0      # not its exponent
+
+
+def test_a_bare_power_too_large_is_refused_before_any_verifier(monkeypatch):
+    def no_verifier():
+        raise AssertionError("the verifier was reached")
+    monkeypatch.setattr(answers, "verifier_pool", no_verifier)
+    faults.take()
+    assert math_accuracy(["q"], ["so it is 9^999999999"], answer=["42"]) == [0.0]
+    assert faults.take() == {"reward/math_accuracy/zero/answer_too_large": 1}
+
+
 @pytest.mark.parametrize("gold, read", [
     ("She sold 48/2 = 24 clips in May.\n#### 72", "72"),          # GSM8K
     ("#### 1,000", "1000"),

@@ -36,16 +36,22 @@ BATCH_COMPLETIONS = 64   # completions per sampling call
 
 @contextmanager
 def sampling_at(sampler, temperature: float, seed: int, device):
-    """The sampler at `temperature` (no top-p) under a forked, seeded random generator."""
-    saved = sampler.temperature, getattr(sampler, "top_p", 1.0)
+    """The sampler at `temperature` with no cut (no top-p, top-k or min-p: pass@k is measured on
+    the model's own distribution) under a forked, seeded random generator."""
+    cuts = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    saved = sampler.temperature, {k: getattr(sampler, k) for k in cuts if hasattr(sampler, k)}
     devices = [device] if device is not None and device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        sampler.temperature, sampler.top_p = temperature, 1.0
+        sampler.temperature = temperature
+        for k in saved[1]:
+            setattr(sampler, k, cuts[k])
         try:
             yield sampler
         finally:
-            sampler.temperature, sampler.top_p = saved
+            sampler.temperature = saved[0]
+            for k, v in saved[1].items():
+                setattr(sampler, k, v)
 
 
 def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step: int,

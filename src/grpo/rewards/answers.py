@@ -39,11 +39,13 @@ _CLOSING = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b|\banswer(?:\*\*)?[ \t
 # A number as people and LaTeX write it. Tried left to right at each place: a fraction
 # (`\frac{1}{2}`, `\dfrac34`), thousands in groups of three (`1,000`, `1{,}000`, `1\,000`, narrow
 # spaces; `1.000.000` when two or more dots show they cannot be a decimal point), plain digits or
-# a leading point (`.5`); then `/4`, an exponent (`e3`, `\times 10^{23}`), a percent sign. A minus
+# a leading point (`.5`); then `/4`, an exponent (`e3`, `\times 10^{23}`) or a power (`2^10`,
+# `10^{3}`: never read as its exponent alone), a percent sign. A minus
 # (or U+2212) right before it is a sign where no word or bracket precedes it: `16-3-4=9` ends in 9.
 _FRACTION_PART = r"(?:\{\s*(?P<NAME>[-\u2212]?\d+(?:\.\d+)?)\s*\}|(?P<NAME1>\d))"
 _SEPARATOR = r"(?:,|\{,\}|\\,|[\u2009\u202f\u00a0])"
 _NUMBER = re.compile(
+    r"(?<!\^)(?<!\^\{)(?<!\^ )"           # not the exponent of a power: 10^{3} is not 3
     r"(?P<sign>(?<![\w)\]}])[-\u2212])?"
     r"(?:\\[dtc]?frac\s*" + _FRACTION_PART.replace("NAME", "top") + r"\s*"
     + _FRACTION_PART.replace("NAME", "bottom")
@@ -52,7 +54,8 @@ _NUMBER = re.compile(
     r"|(?P<plain>\d+(?:\.\d+)?|(?<!\d)\.\d+))"
     r"(?P<over>/\d+)?"
     r"(?:[eE](?P<e>[-+]?\d+)(?!\w)"
-    r"|\s*\\times\s*10\s*\^\s*(?:\{\s*(?P<times>[-+]?\d+)\s*\}|(?P<times1>\d)))?"
+    r"|\s*\\times\s*10\s*\^\s*(?:\{\s*(?P<times>[-+]?\d+)\s*\}|(?P<times1>\d))"
+    r"|\s*\^\s*(?:\{\s*(?P<power>[-+]?\d+)\s*\}|(?P<power1>\d+)(?![.\d])))?"
     r"(?P<percent>\s*\\?%)?)")
 _UNITS_AFTER = re.compile(r"\s+[A-Za-z]{2,}|\s+[A-Za-z](?![\w^_{(])")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)")
@@ -84,6 +87,9 @@ def number_text(m: re.Match) -> str:
     exponent = m.group("e") or m.group("times") or m.group("times1")
     if exponent is not None:
         body += f" \\times 10^{{{exponent}}}"
+    power = m.group("power") or m.group("power1")
+    if power is not None:                         # 2^10, 10^{3}: the power, not its exponent
+        body += f"^{{{power}}}"
     if m.group("percent"):
         body += "\\%"
     return sign + body
