@@ -54,18 +54,27 @@ def test_reward_model_needs_one_label(tmp_path, reward_model_dir):
 
 
 class Server:
-    """A reward server on 127.0.0.1: `plan` lists what each request gets (a status or 'ok')."""
+    """A reward server on 127.0.0.1: `plan` lists what each request gets (a status or 'ok'); a
+    request over `limit` bytes gets 413."""
 
-    def __init__(self, plan=None, delay=0.0, body=None):
+    def __init__(self, plan=None, delay=0.0, body=None, limit=None):
         self.requests, self.plan, self.delay, self.body = [], list(plan or []), delay, body
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                size = int(self.headers["Content-Length"])
+                payload = json.loads(self.rfile.read(size))
                 outer.requests.append(payload)
                 status = outer.plan.pop(0) if outer.plan else "ok"
                 time.sleep(outer.delay)
+                if limit is not None and size > limit:      # 413 Payload Too Large, with a body
+                    text = b"request entity too large (limit %d bytes)" % limit
+                    self.send_response(413)
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
+                    return
                 if status != "ok":
                     self.send_response(status)
                     self.end_headers()
@@ -146,46 +155,12 @@ def test_server_and_model_from_config(server, reward_model_dir, tmp_path):
     assert len(server.requests) == 1 and len(server.requests[0]["completions"]) == 4
 
 
-class LimitedServer(Server):
-    """A reward server that answers 413 Payload Too Large to a request over `limit` bytes."""
-
-    def __init__(self, limit):
-        self.requests, self.sizes = [], []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                size = int(self.headers["Content-Length"])
-                payload = json.loads(self.rfile.read(size))
-                outer.requests.append(payload)
-                outer.sizes.append(size)
-                if size > limit:
-                    body = b"request entity too large (limit %d bytes)" % limit
-                    self.send_response(413)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                data = json.dumps({"rewards": [float(len(c)) for c in payload["completions"]]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
 def test_a_413_sends_the_batch_in_halves_and_skip_leaves_out_only_the_refused_completion():
     # A 413 used to stop the run even with reward_on_error=skip. Each completion alone fits under
     # the limit but the four together do not; one completion is too large even alone.
     from grpo.reward_sources import RewardRefused
     from grpo.rewards import score
-    s = LimitedServer(limit=400)
+    s = Server(limit=400)
     try:
         completions = ["a" * 150, "b" * 20, "c" * 150, "d" * 30]
         assert RewardServer(s.url, retries=0)(["p"] * 4, completions) == [150.0, 20.0, 150.0, 30.0]

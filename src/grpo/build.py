@@ -19,8 +19,8 @@ import torch
 from grpo.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
 from grpo.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.data import (GIVEN, Columns, DataError, coverage_note, format_prompt, given_label,
-                       demonstration_text, given_rows, load_rows)
+from grpo.data import (GIVEN, Columns, DataError, coverage_note, demonstration_text, first_line,
+                       format_prompt, given_label, given_rows, load_rows)
 from grpo import distributed, vision
 from grpo.vision.tiny import build_tiny_vlm
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
@@ -105,7 +105,7 @@ def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
 
 def _first_line(error: Exception, limit: int = 300) -> str:
     """A library's error, cut to its first line: the rest is advice about other setups."""
-    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    text = first_line(error)
     return text if len(text) <= limit else text[:limit] + " ..."
 
 

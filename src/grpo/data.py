@@ -41,6 +41,12 @@ class Columns:
     images: str = ""          # empty: `images` or `image` when the dataset has one
 
 
+def first_line(error: Exception) -> str:
+    """An error's message cut to its first line (a library's rest is advice about other setups),
+    or its type's name when it has no message."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstandard"}
 
 
@@ -79,7 +85,7 @@ def load_table(path: str, config_name: str = "", split: str = "train"):
             return datasets.load_dataset(_FORMATS[fmt], data_files=path, split="train")
         except (ValueError, OSError, ImportError) as e:
             raise DataError(f"{path}: cannot read it as {fmt.lstrip('.')}: "
-                            f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+                            f"{first_line(e)}") from None
     if fmt in _FORMATS or compression:
         raise DataError(f"dataset file not found: {path}")
     if not local.is_dir() and (why := hub_unreachable()) is not None:
@@ -101,7 +107,7 @@ def load_table(path: str, config_name: str = "", split: str = "train"):
         raise DataError(f"dataset not found: {path} ({str(e).splitlines()[0]})") from None
     except OSError as e:     # ConnectionError among them: offline, or the hub refused
         raise DataError(f"{path} is neither a file nor a directory, and as a hub dataset: "
-                        f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+                        f"{first_line(e)}") from None
 
 
 def hub_unreachable(timeout: float = 3.0) -> str | None:

@@ -32,7 +32,7 @@ from grpo.advantages import (ADVANTAGES, TOKEN_RETURNS, batch_token_normalized, 
                              process_supervision, token_returns)
 from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, to_yaml
-from grpo.data import PromptStream, columns_of
+from grpo.data import PromptStream, columns_of, first_line
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
 from grpo.loss import (AGGREGATIONS, COVARIANCE_LOSSES, CORRECTIONS, clip_cov_tokens, kl_cov_tokens,
@@ -232,8 +232,7 @@ def push_final(repo_id: str, final: Path, log) -> None:
         api.upload_folder(folder_path=str(final), repo_id=repo_id,
                           commit_message="grpo: final/ of the run")
     except Exception as e:  # noqa: BLE001 - the hub client's errors have no common base
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise TrainingError(f"push_to_hub: {final} could not be uploaded to {repo_id}: {first}; "
+        raise TrainingError(f"push_to_hub: {final} could not be uploaded to {repo_id}: {first_line(e)}; "
                             f"the run is saved: upload it later with `hf upload {repo_id} {final}`") from None
     log(f"push_to_hub: {final} uploaded to {repo_id}")
 
