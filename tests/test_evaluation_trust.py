@@ -235,3 +235,20 @@ def test_score_takes_any_column_as_the_file_names_it(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "no completion column 'nope'" in err and "['answer', 'guess', 'prompt']" in err
+
+
+def test_grpo_eval_ends_completions_at_the_stop_strings_as_training_does(tiny_model_dir, tmp_path,
+                                                                        monkeypatch, capsys):
+    # Evaluation inside training samples with the run's stop strings; grpo eval sampled without
+    # them, so the same weights read a different answer there.
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "test.jsonl", SUMS[:4])
+    common = [f"model={tiny_model_dir}", "eval_dataset=test.jsonl", "max_new_tokens=8",
+              "rewards=[exact_answer]"]
+    assert main(["eval", *common, "eval_output=free.jsonl"]) == 0
+    free = [r["completions"][0] for r in rows_of(tmp_path / "free.jsonl")]
+    stop = free[0][len(free[0]) // 2]                 # a character the greedy completion writes
+    assert main(["eval", *common, f"stop=[{json.dumps(stop)}]", "eval_output=cut.jsonl"]) == 0
+    cut = [r["completions"][0] for r in rows_of(tmp_path / "cut.jsonl")]
+    assert cut == [c[:c.index(stop) + 1] if stop in c else c for c in free]
+    assert cut[0] != free[0]

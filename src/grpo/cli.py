@@ -134,7 +134,8 @@ def cmd_eval(args: list[str], options: dict) -> None:
                                  call_format=build.call_format_of(config, tokenizer, agent),
                                  make_env=agent.make_env)
     else:
-        sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens)
+        sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens,
+                            stop=tuple(config.sampling.stop))   # as training's evaluation
     rows_file = results_file(setup, options.get("out"))
     say_replacing(rows_file)
     results: list[dict] = []
@@ -234,7 +235,7 @@ COMMANDS: dict[str, Command] = {
                     "NAME-eval.jsonl beside a model directory) or to --out.",
                     {"--out": ("FILE", "where the per-row results go (as eval_output)"),
                      **PRINT_CONFIG},
-                    {"model": ALL, "data": ALL, "sampling": {"max_new_tokens"}, "reward": ALL,
+                    {"model": ALL, "data": ALL, "sampling": {"max_new_tokens", "stop"}, "reward": ALL,
                      "eval": ALL, "agent": ALL, "run": {"seed", "output_dir", "threads"}}),
     "score": Command(cmd_score, "grpo score [CONFIG.yaml] dataset=FILE [key=value ...] "
                                 "[--completions COLUMN] [--out FILE]",
