@@ -260,3 +260,21 @@ def test_the_last_step_is_checkpointed_a_finished_run_says_so_and_more_steps_go_
     result = train(load_config(None, [*args, "steps=5", "resume=auto"]), log=lambda line: None)
     assert [m["step"] for m in result.history] == [1, 2, 3, 4, 5]
     assert result.policy is not None and result.tokenizer is not None
+
+
+def test_resume_auto_on_a_finished_run_without_checkpoints_changes_nothing(tiny_model_dir, tmp_path,
+                                                                           capsys):
+    # With save_every=0 there was no checkpoint to find, so resume=auto trained the finished run
+    # again from step 0, over its own metrics.jsonl and final/.
+    from grpo.cli import main
+    run = tmp_path / "run"
+    args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
+            "max_new_tokens=4", "eval_every=0", "save_every=0", "threads=1", "steps=2",
+            f"output_dir={run}"]
+    assert main(["train", *args]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", *args, "resume=auto"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run (final/) and no checkpoint to continue from (save_every=0)" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

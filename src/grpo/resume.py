@@ -126,6 +126,14 @@ def find(c: TrainConfig, log: Callable[[str], None]) -> Path | None:
         return None
     if c.run.resume == "auto":
         path = newest_valid(run_dir / "checkpoints", log)
+        final = run_dir / "final"
+        if path is None and final.is_dir() and any(final.iterdir()):
+            # A run that ended (final/ is written last) with no checkpoint (save_every=0): starting
+            # from step 0 would train it again over its own files.
+            raise ConfigError(
+                f"resume=auto: {run_dir} holds a finished run (final/) and no checkpoint to continue "
+                f"from (save_every=0); nothing was changed. To train on from its weights, start a "
+                f"new run with model={final} and another output_dir")
         if path is None:
             log(f"resume=auto: no valid checkpoint in {run_dir / 'checkpoints'}; starting from step 0")
         return path
