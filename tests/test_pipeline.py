@@ -74,10 +74,24 @@ def test_one_worker_two_workers_and_in_trainer_sampling_train_the_same_run(tiny_
     runs = {n: run(tmp_path, f"w{n}", tiny_model_dir, async_steps=1, rollout_workers=n) for n in (1, 2, 0)}
     one = runs[1]
     assert [row["pipeline/staleness_max"] for row in one.history] == [0, 1, 1, 1, 1]
-    for n in (2, 0):
-        assert exact(runs[n].history) == exact(one.history), n
-        assert same_weights(weights(runs[n]), weights(one)), n
+    # In-trainer sampling draws the whole batch, as one worker does: bit for bit.
+    assert exact(runs[0].history) == exact(one.history)
+    assert same_weights(weights(runs[0]), weights(one))
+    # Two workers each draw half of it: the same tokens, rewards and advantages, but each recorded
+    # log-prob comes from a forward over a batch of another size, which CPU matmul kernels may round
+    # differently in float32 (seen with the packages of a fresh install): the metrics and weights
+    # agree to that rounding.
+    for n in (0, 2):
         assert (tmp_path / f"w{n}" / "samples.jsonl").read_text() == (tmp_path / "w1" / "samples.jsonl").read_text()
+    for two, ones in zip(exact(runs[2].history), exact(one.history)):
+        assert two.keys() == ones.keys()
+        for k in ones:
+            if k in ("loss",):       # a difference of values near 0: absolute, at float32 rounding
+                assert two[k] == pytest.approx(ones[k], abs=1e-6), k
+            else:
+                assert two[k] == pytest.approx(ones[k], rel=1e-5), k
+    w2, w1 = weights(runs[2]), weights(one)
+    assert all(torch.allclose(w2[k], w1[k], rtol=0, atol=1e-6) for k in w1)
     sync = run(tmp_path, "sync", tiny_model_dir)
     # Step 1 samples version 0 with step 1's draws in both; then the async run trains on older groups.
     def step_samples(name, step):
@@ -136,7 +150,11 @@ def test_a_killed_rollout_worker_is_replaced_and_the_run_is_unchanged(tiny_model
 
 
 def test_a_worker_that_keeps_dying_stops_the_run_with_a_clear_error(tiny_model_dir, tmp_path, monkeypatch):
+    trainer = os.getpid()
+
     def dies(prompts, completions, **kw):
+        if os.getpid() == trainer:       # the start check's dry call, in the trainer's process
+            return [0.0] * len(completions)
         os.kill(os.getpid(), signal.SIGKILL)
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "d"),
                       "async_steps": 1, "worker_restarts": 1})
@@ -146,9 +164,11 @@ def test_a_worker_that_keeps_dying_stops_the_run_with_a_clear_error(tiny_model_d
 
 def test_a_stuck_worker_times_out_with_the_peer_and_the_transfer_named(tiny_model_dir, tmp_path):
     import time
+    trainer = os.getpid()
 
     def slow(prompts, completions, **kw):
-        time.sleep(30)
+        if os.getpid() != trainer:       # not the start check's dry call, in the trainer's process
+            time.sleep(30)
         return [0.0] * len(completions)
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "slow"),
                       "async_steps": 1, "transfer_timeout_s": 2})
