@@ -21,7 +21,8 @@ import torch
 
 def force(lengths: list[int]) -> None:
     from grpo import sampling
-    original_generate, original_draw, original_keep = sampling.generate, sampling.draw, sampling._Cache.keep
+    original_generate, original_draw, original_keep = (sampling.generate_with_lengths, sampling.draw,
+                                                        sampling._Cache.keep)
 
     def generate(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, **kw):
         n = prompt_ids.shape[0] * kw.get("group_size", 1)
@@ -49,7 +50,7 @@ def force(lengths: list[int]) -> None:
                                      pad_token_id, **kw)
         finally:
             sampling.draw, sampling._Cache.keep = original_draw, original_keep
-    sampling.generate = generate
+    sampling.generate_with_lengths = generate      # what the sampler (and generate) calls
 
 
 def main() -> None:

@@ -196,7 +196,7 @@ def test_the_demo_lr_on_a_large_model_is_noted_at_start():
     ("eval_temperature=0", r"^config key 'eval_temperature' must be above 0, got 0.0"),
     ("sapo_tau_neg=-1", r"^config key 'sapo_tau_neg' must be above 0, got -1.0"),
     ("tool_deadline_s=0", r"^config key 'tool_deadline_s' must be above 0, got 0.0"),
-    ("advantage_eps=0", r"^config key 'advantage_eps' must be above 0, got 0.0"),
+    ("advantage_eps=-0.1", r"^config key 'advantage_eps' must be 0 or more, got -0.1"),
     # counts of at least 1, and of 0 or more
     ("max_turns=0", r"^config key 'max_turns' must be at least 1, got 0"),
     ("code_workers=0", r"^config key 'code_workers' must be at least 1, got 0"),

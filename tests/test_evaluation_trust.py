@@ -186,11 +186,11 @@ def test_eval_writes_beside_the_model_and_says_when_it_replaces_a_file(tiny_mode
 
 def test_eval_rewards_scores_with_a_users_own_reward(tiny_model_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "myreward.py").write_text(
+    (tmp_path / "even_reward.py").write_text(
         "def even_length(prompts, completions, **columns):\n"
         "    return [1.0 if len(c) % 2 == 0 else 0.0 for c in completions]\n")
     assert main(["eval", f"model={tiny_model_dir}", "task=addition", "eval_size=9",
-                 "max_new_tokens=3", "eval_rewards=[myreward:even_length]",
+                 "max_new_tokens=3", "eval_rewards=[even_reward:even_length]",
                  "eval_output=out.jsonl"]) == 0
     captured = capsys.readouterr()
     result = last_json(captured.out)

@@ -801,8 +801,8 @@ BOUNDS: dict[str, Bound] = {
     "beta": _COUNT,
     "epsilon": Bound(0, 1, why="rho is clipped below at 1 - epsilon, and no ratio is below 0"),
     "epsilon_high": _COUNT,
-    "advantage_eps": Bound(0, open_low=True, why="a group whose rewards are all equal has std 0, "
-                                                  "and its advantages 0 / (0 + eps)"),
+    "advantage_eps": Bound(0, why="0 divides by the std alone (a group whose rewards are all "
+                                  "equal gets 0 whatever eps)"),
     "clip_cov_fraction": _SHARE,
     "kl_cov_fraction": _SHARE,
     "kl_cov_coef": _COUNT,
