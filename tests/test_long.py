@@ -168,7 +168,8 @@ def test_forced_lengths_end_each_row_at_its_length_while_sampling(long_model, mo
     spec = importlib.util.spec_from_file_location("forced_lengths", ROOT / "benchmarks" / "forced_lengths.py")
     forced = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(forced)
-    monkeypatch.setattr(sampling, "generate", sampling.generate)
+    # force() replaces the sampler's generate_with_lengths for good: undone after the test
+    monkeypatch.setattr(sampling, "generate_with_lengths", sampling.generate_with_lengths)
     kept = []
     real_keep = decoder.Decoder.keep
     monkeypatch.setattr(decoder.Decoder, "keep", staticmethod(
