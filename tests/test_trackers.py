@@ -2,6 +2,7 @@
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -121,6 +122,11 @@ def test_wandb_dir_is_where_wandb_writes_when_it_is_set(tmp_path, monkeypatch):
     tracker.log({"reward/mean": 0.25}, step=1)
     tracker.close()
     (record,) = (tmp_path / "elsewhere" / "wandb").glob("offline-run-*/run-*.wandb")
+    # wandb's service process writes the record file; under load it may still be at it when
+    # finish() returns (seen: only the 7-byte header), so give it up to 30 s
+    deadline = time.monotonic() + 30
+    while b"reward/mean" not in record.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert b"reward/mean" in record.read_bytes()
     assert not (tmp_path / "run" / "wandb").exists()
     assert (tmp_path / "run" / "metrics.jsonl").read_text().startswith('{"step": 1, "reward/mean": 0.25')
