@@ -172,3 +172,103 @@ def test_sampled_evaluation_draws_from_the_whole_distribution_and_restores_the_c
     with sampling_at(sampler, 0.7, seed=0, device=None) as s:
         assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.7, 1.0, 0, 0.0)
     assert (sampler.temperature, sampler.top_p, sampler.top_k, sampler.min_p) == (1.3, 0.9, 1, 0.5)
+
+
+# ---- The repetition penalty --------------------------------------------------------------------------
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
+    from grpo.models import penalize_
+    scores = torch.tensor([[2.0, -1.0, 0.5, -0.5]])
+    seen = torch.tensor([[True, True, False, False]])
+    assert penalize_(scores, seen, 2.0).tolist() == [[1.0, -2.0, 0.5, -0.5]]
+    # logits [1, -1, 0], tokens 0 and 1 seen, factor 2: [0.5, -2, 0], so
+    # log p(0) = 0.5 - log(e^0.5 + e^-2 + e^0) = 0.5 - log(2.784058) = -0.523909
+    penalized = penalize_(torch.tensor([[1.0, -1.0, 0.0]]), torch.tensor([[True, True, False]]), 2.0)
+    assert penalized.log_softmax(-1)[0, 0].item() == pytest.approx(-0.523909, abs=1e-6)
+
+
+def test_the_training_penalty_marks_prompt_tokens_and_those_drawn_before_each_position():
+    from grpo.models import Penalty
+    # prompt [pad, 5, 3] (the pad, token 0, is not in the prompt), completion [3, 7, 7, pad]
+    penalty = Penalty.of(2.0, torch.tensor([[0, 5, 3]]), torch.tensor([[0, 1, 1]]),
+                         torch.tensor([[3, 7, 7, 0]]), torch.tensor([[1, 1, 1, 0]]), vocab=8)
+    positive = torch.ones(3, 8)                 # the three completion positions, all logits 1
+    penalized = [set((penalty.scale(positive)[j] == 0.5).nonzero().squeeze(-1).tolist())
+                 for j in range(3)]
+    assert penalized == [{3, 5}, {3, 5}, {3, 5, 7}]
+    assert penalty.scale(-positive)[2].tolist() == [1, 1, 1, 2, 1, 2, 1, 2]   # negatives x 2
+    assert Penalty.of(1.0, *[torch.zeros(1, 1, dtype=torch.long)] * 4, vocab=8) is None
+
+
+def test_the_chunked_penalized_log_probs_and_gradients_are_those_of_plain_autograd(monkeypatch):
+    from grpo import models
+    from grpo.models import Penalty, selected_logprobs
+    monkeypatch.setattr(models, "LOGIT_CHUNK_ELEMENTS", 3 * 40)   # 3 positions per chunk, 4 chunks
+    gen = torch.Generator().manual_seed(0)
+    completion = torch.randint(0, 40, (2, 6), generator=gen)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    penalty = Penalty.of(1.7, torch.randint(0, 40, (2, 3), generator=gen), torch.ones(2, 3),
+                         completion, mask, vocab=40)
+    head = torch.nn.Linear(16, 40, bias=False)
+    hidden = torch.randn(int(mask.sum()), 16, generator=gen, requires_grad=True)
+    targets = completion[mask.bool()]
+    logp, _ = selected_logprobs(hidden, head, targets, temperature=0.7, penalty=penalty, top_k=30)
+    (logp * torch.linspace(-1, 1, len(logp))).sum().backward()
+    chunked = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+    logits = head(hidden) / 0.7
+    logits = logits * penalty.scale(logits.detach())
+    keep = Cut(top_k=30).apply_(logits.detach().clone(), targets).isfinite()
+    logits = torch.where(keep, logits, NEG)
+    plain = logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    (plain * torch.linspace(-1, 1, len(plain))).sum().backward()
+    torch.testing.assert_close(logp, plain, rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunked[0], hidden.grad, rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunked[1], head.weight.grad, rtol=0, atol=1e-5)
+
+
+def test_penalized_samples_repeat_less_and_training_scores_them_as_they_were_drawn(tiny):
+    policy, tok = tiny
+
+    def sample(penalty):
+        torch.manual_seed(2)
+        return HFSampler(policy, tok, max_new_tokens=16, temperature=0.7, top_k=20,
+                         repetition_penalty=penalty).sample(_prompts(), 4)
+
+    def repeated(rollout) -> float:       # share of completion tokens already in prompt or completion
+        hits = total = 0
+        for prompt, ids, mask in zip(rollout.prompt_ids.tolist(), rollout.completion_ids.tolist(),
+                                     rollout.completion_mask.tolist()):
+            before = set(prompt) - {tok.pad_token_id}
+            for token, real in zip(ids, mask):
+                if real:
+                    hits, total = hits + (token in before), total + 1
+                    before.add(token)
+        return hits / total
+    plain, penalized = sample(1.0), sample(3.0)
+    assert penalized.repetition_penalty == 3.0
+    assert repeated(penalized) < repeated(plain) - 0.1, (repeated(plain), repeated(penalized))
+    trained = logprobs_of(policy, penalized, micro_batch_size=5)
+    torch.testing.assert_close(trained, penalized.sampler_logprobs, rtol=0, atol=2e-5)
+    unpenalized = token_logprobs(policy, penalized.input_ids, penalized.attention_mask,
+                                 penalized.completion_ids.shape[1], temperature=0.7, top_k=20,
+                                 completion_mask=penalized.completion_mask)[0]
+    assert (unpenalized - trained).abs().max().item() > 0.1
+
+
+def test_the_repetition_penalty_key_is_checked_and_refused_where_it_would_be_ignored(tiny):
+    from grpo.evaluate import sampling_at
+    with pytest.raises(ConfigError, match=r"config key 'repetition_penalty' must be above 0"):
+        build_config({"repetition_penalty": 0})
+    with pytest.raises(ConfigError, match="config key repetition_penalty: .*sampler=vllm does not yet"):
+        build_config({"repetition_penalty": 1.2, "sampler": "vllm"})
+    with pytest.raises(ConfigError, match="config key repetition_penalty: single-turn"):
+        build_config({"repetition_penalty": 1.2, "environment": "guess_number"})
+    assert build_config({"repetition_penalty": 1.2}).sampling.repetition_penalty == 1.2
+    # evaluation measures the model's own distribution: greedy and sampled, unpenalized
+    model, tok = tiny
+    sampler = HFSampler(model, tok, max_new_tokens=4, repetition_penalty=1.5)
+    assert sampler.sample(["abc"], 1, greedy=True).repetition_penalty == 1.0
+    with sampling_at(sampler, 0.7, seed=0, device=None) as s:
+        assert s.repetition_penalty == 1.0
+    assert sampler.repetition_penalty == 1.5

@@ -271,7 +271,7 @@ COMMANDS: dict[str, Command] = {
          **PRINT_CONFIG},
         {"model": ALL, "data": PROMPT_DATA,
          "sampling": {"group_size", "max_new_tokens", "temperature", "top_p", "top_k", "min_p",
-                      "stop"}, "reward": ALL,
+                      "repetition_penalty", "stop"}, "reward": ALL,
          "loss": ALL, "optim": {"lr", "weight_decay", "max_grad_norm", "num_iterations",
                                 "micro_batch_size", "micro_batch_tokens"},
          "run": {"sft_steps", "sft_lr", "sft_batch_size", "seed", "threads", "algorithm"},

@@ -181,6 +181,11 @@ class SamplingConfig:
     min_p: float = 0.0
     """Drop tokens whose probability is below min_p times the most likely token's (0: none); cut
     after top_k and top_p, as transformers does, and in the training log-probs too."""
+    repetition_penalty: float = 1.0
+    """Penalize tokens already in the prompt or the completion so far: a positive logit is
+    divided by it, a negative one multiplied (transformers' and vLLM's rule; 1: none, above 1:
+    fewer repeats). The training log-probs penalize the same tokens at each position, so pi_old is
+    the distribution that sampled. Evaluation measures the model's own distribution, unpenalized."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion as EOS does. The completion keeps the stop string: it runs
     to the token that completes it, and its text, mask and log-probs hold those tokens (vLLM's
@@ -778,6 +783,15 @@ class Bound:
 _COUNT, _AT_LEAST_1, _ABOVE_0 = Bound(0), Bound(1), Bound(0, open_low=True)
 _SHARE = Bound(0, 1, why="a share of the batch's tokens")
 
+def sampler_own_keys(sampling) -> list[str]:
+    """The sampling keys set away from their defaults that only grpo's own single-turn sampler
+    applies (to the sampled and the trained distribution alike); `sampling` is a flat config dict
+    or a SamplingConfig."""
+    get = sampling.get if isinstance(sampling, dict) else lambda k: getattr(sampling, k)
+    return [k for k, off in (("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0), ("stop", []))
+            if get(k) != off]
+
+
 # key -> the range its values must lie in, checked before any other rule; every int and float key
 # has an entry here or in UNBOUNDED (a test walks them).
 BOUNDS: dict[str, Bound] = {
@@ -793,6 +807,7 @@ BOUNDS: dict[str, Bound] = {
     "top_p": Bound(0, 1, open_low=True, why="the probability mass sampled from"),
     "top_k": Bound(0, why="the number of most likely tokens sampled from (0: all)"),
     "min_p": Bound(0, 1, open_high=True, why="a fraction of the most likely token's probability"),
+    "repetition_penalty": Bound(0, open_low=True, why="positive logits are divided by it"),
     "vllm_gpu_memory_utilization": Bound(0, 1, open_low=True, open_high=True,
                                          why="a fraction of the GPU's memory"),
     "max_sampling_rounds": _COUNT,
@@ -891,7 +906,7 @@ def validate(config: TrainConfig) -> None:
     if "" in c["stop"]:
         raise ConfigError("config key 'stop': an empty stop string would end every completion at "
                           "its first token; remove it")
-    cut = [k for k, off in (("top_k", 0), ("min_p", 0.0), ("stop", [])) if c[k] != off]
+    cut = sampler_own_keys(c)
     if cut and c["sampler"] != "hf":
         raise ConfigError(f"config key{'s' if len(cut) > 1 else ''} {', '.join(cut)}: grpo's own "
                           "sampler (sampler=hf) applies them to the sampled and the trained "

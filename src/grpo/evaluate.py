@@ -36,9 +36,9 @@ BATCH_COMPLETIONS = 64   # completions per sampling call
 
 @contextmanager
 def sampling_at(sampler, temperature: float, seed: int, device):
-    """The sampler at `temperature` with no cut (no top-p, top-k or min-p: pass@k is measured on
-    the model's own distribution) under a forked, seeded random generator."""
-    cuts = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    """The sampler at `temperature` with no cut (no top-p, top-k or min-p) nor repetition penalty
+    (pass@k is measured on the model's own distribution) under a forked, seeded random generator."""
+    cuts = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
     saved = sampler.temperature, {k: getattr(sampler, k) for k in cuts if hasattr(sampler, k)}
     devices = [device] if device is not None and device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):

@@ -380,7 +380,7 @@ class _SelectedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, inv_temp: float, chunk: int, top_p: float = 1.0,
-                top_k: int = 0, min_p: float = 0.0):
+                top_k: int = 0, min_p: float = 0.0, penalty: "Penalty | None" = None):
         cut = Cut(top_p, top_k, min_p)
         M = hidden.shape[0]
         logp, lse, entropy = (hidden.new_empty(M, dtype=torch.float32) for _ in range(3))
@@ -388,6 +388,8 @@ class _SelectedLogprobs(torch.autograd.Function):
         for start in range(0, M, chunk):
             rows = slice(start, start + chunk)
             shifted = buffers.logits(hidden[rows], weight, bias, inv_temp)
+            if penalty is not None:
+                shifted.mul_(penalty.scale(shifted, rows))          # repeats penalized as sampled
             if cut.active:
                 cut.apply_(shifted, targets[rows])           # -inf outside what the sampler drew from
             top = shifted.amax(-1, keepdim=True)
@@ -402,7 +404,7 @@ class _SelectedLogprobs(torch.autograd.Function):
             # entropy = log Z - sum p * (logits - max) / Z, with Z = sum exp(logits - max)
             entropy[rows] = (log_total - probs.mul_(shifted).sum(-1, keepdim=True) / total).squeeze(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.inv_temp, ctx.chunk, ctx.cut = inv_temp, chunk, cut
+        ctx.inv_temp, ctx.chunk, ctx.cut, ctx.penalty = inv_temp, chunk, cut, penalty
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -419,11 +421,17 @@ class _SelectedLogprobs(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
             d_logits = buffers.logits(h, weight, bias, ctx.inv_temp)
+            scale = None
+            if ctx.penalty is not None:
+                scale = ctx.penalty.scale(d_logits, rows)
+                d_logits.mul_(scale)
             if ctx.cut.active:
                 ctx.cut.apply_(d_logits, targets[rows])       # the same cut: exp -> 0 outside it
             g = grad_logp[rows].float()
             d_logits.sub_(lse[rows, None]).exp_().mul_(-g[:, None])   # -g * softmax
             d_logits.scatter_add_(-1, targets[rows, None], g[:, None])  # + g at the target
+            if scale is not None:                                     # d penalized / d logit
+                d_logits.mul_(scale)
             if ctx.inv_temp != 1.0:
                 d_logits.mul_(ctx.inv_temp)
             if grad_hidden is not None:
@@ -434,7 +442,7 @@ class _SelectedLogprobs(torch.autograd.Function):
                 grad_bias += d_logits.sum(0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
                 None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None, None,
-                None)
+                None, None)
 
 
 def nucleus_(logits: torch.Tensor, top_p: float, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -487,6 +495,55 @@ class Cut:
         return logits
 
 
+class Penalty:
+    """The repetition penalty (Keskar et al. 2019, CTRL, section 4.1) as transformers' and vLLM's
+    samplers apply it: the logit of every token already in the prompt or in the completion so far
+    is divided by `factor` where it is positive and multiplied by it where it is negative (a
+    factor above 1 makes repeats less likely). The training log-probs penalize the same tokens at
+    each position, so the policy trained is the distribution that sampled.
+
+    `first` [N, V] holds, per row, the completion position from which each token is penalized:
+    0 for a prompt token, j + 1 for a token first drawn at position j, never (T + 1) otherwise;
+    `row` and `position` [M] say which row and position each of the M selected positions is."""
+
+    def __init__(self, factor: float, first: torch.Tensor, row: torch.Tensor, position: torch.Tensor):
+        self.factor, self.first, self.row, self.position = factor, first, row, position
+
+    @staticmethod
+    def of(factor: float, prompt_ids, prompt_mask, completion_ids, completion_mask,
+           vocab: int) -> "Penalty | None":
+        """The penalty for completions [N, T] (right-padded, `completion_mask` on their tokens)
+        after prompts [N, P] (`prompt_mask` on real tokens, padding never penalized); None for
+        factor 1 (no penalty)."""
+        if factor == 1.0:
+            return None
+        N, T = completion_ids.shape
+        never = T + 1
+        first = torch.full((N, vocab), never, dtype=torch.int32, device=completion_ids.device)
+        drawn = torch.arange(1, T + 1, dtype=torch.int32, device=first.device).expand(N, T)
+        first.scatter_reduce_(1, completion_ids, torch.where(completion_mask.bool(), drawn, never),
+                              reduce="amin")
+        first.scatter_reduce_(1, prompt_ids, torch.where(prompt_mask.bool(), 0, never).int(),
+                              reduce="amin")
+        row, position = completion_mask.bool().nonzero(as_tuple=True)
+        return Penalty(factor, first, row, position)
+
+    def scale(self, logits: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """The factor [n, V] each of `logits` [n, V] (the selected positions `rows`) is
+        multiplied by: 1 / factor on a penalized positive logit, factor on a negative one, 1 on
+        the rest. It is also d penalized / d logit."""
+        picked = slice(None) if rows is None else rows
+        penalized = self.first[self.row[picked]] <= self.position[picked, None]
+        return torch.where(penalized, torch.where(logits < 0, self.factor, 1.0 / self.factor),
+                           1.0).to(logits.dtype)
+
+
+def penalize_(scores: torch.Tensor, seen: torch.Tensor, factor: float) -> torch.Tensor:
+    """The sampler's repetition penalty in place on [n, V] scores, `seen` [n, V] marking the
+    tokens of each row's prompt and completion so far (Penalty says the rule)."""
+    return scores.mul_(torch.where(seen, torch.where(scores < 0, factor, 1.0 / factor), 1.0))
+
+
 class _Buffers:
     """Two float32 [rows, V] work buffers for the chunked head, reused chunk after chunk."""
 
@@ -514,20 +571,22 @@ class _Buffers:
 
 def selected_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
                       temperature: float = 1.0, top_p: float = 1.0, banned: list[int] | None = None,
-                      top_k: int = 0, min_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      top_k: int = 0, min_p: float = 0.0, penalty: Penalty | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [M] of `targets` [M] and entropies [M] from final hidden states [M, H] and the
     output head, in chunks of about LOGIT_CHUNK_ELEMENTS logits (see `_SelectedLogprobs`); with
     top_p < 1, of the truncated, renormalized distribution the sampler drew from (`nucleus_`),
-    in chunks a quarter as large (the sort needs room); top_k and min_p cut as `Cut` says."""
+    in chunks a quarter as large (the sort needs room); top_k and min_p cut as `Cut` says, after
+    the repetition `penalty` (for the M positions in order)."""
     chunk = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0]
-                // (4 if Cut(top_p, top_k, min_p).active else 1))
+                // (4 if Cut(top_p, top_k, min_p).active or penalty is not None else 1))
     bias = head.bias
     if banned:      # tokens the sampler never draws (vision.placeholder_ids): the same distribution
         ban = torch.zeros(head.weight.shape[0], device=hidden.device)
         ban[list(banned)] = vision.BANNED_LOGIT
         bias = ban if bias is None else bias + ban
     return _SelectedLogprobs.apply(hidden, head.weight, bias, targets, 1.0 / temperature, chunk,
-                                   top_p, top_k, min_p)
+                                   top_p, top_k, min_p, penalty)
 
 
 def _head_is_plain(model) -> bool:
@@ -555,12 +614,14 @@ def _lean_hidden(lean, input_ids, attention_mask, position_ids, T: int) -> torch
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_len: int, with_entropy: bool = False, temperature: float = 1.0,
                    completion_mask: torch.Tensor | None = None, top_p: float = 1.0,
-                   visuals: list | None = None, top_k: int = 0, min_p: float = 0.0):
+                   visuals: list | None = None, top_k: int = 0, min_p: float = 0.0,
+                   repetition_penalty: float = 1.0):
     """Log-probabilities of the last `completion_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: [N, P+T], prompts left-padded, completions right-padded.
-    `temperature` divides the logits and `top_p`, `top_k` and `min_p` cut them as the sampler did
-    (`Cut`), so the policy trained is the distribution that sampled.
+    `temperature` divides the logits, `repetition_penalty` penalizes the tokens already in the
+    prompt or the completion (`Penalty`), and `top_p`, `top_k` and `min_p` cut them as the sampler
+    did (`Cut`), so the policy trained is the distribution that sampled.
     Returns logp [N, T] (0 where `completion_mask`, default the last T of `attention_mask`, is 0)
     and, if asked, the entropy of each next-token distribution [N, T] (0 there too, no gradient).
 
@@ -577,18 +638,24 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         with torch.autocast(input_ids.device.type, dtype=compute):
             hidden_or_logp = _token_logprobs(model, input_ids, attention_mask, T, with_entropy,
                                              temperature, completion_mask, top_p, head_in_fp32=True,
-                                             visuals=visuals, top_k=top_k, min_p=min_p)
+                                             visuals=visuals, top_k=top_k, min_p=min_p,
+                                             repetition_penalty=repetition_penalty)
         return hidden_or_logp
     return _token_logprobs(model, input_ids, attention_mask, T, with_entropy, temperature,
-                           completion_mask, top_p, visuals=visuals, top_k=top_k, min_p=min_p)
+                           completion_mask, top_p, visuals=visuals, top_k=top_k, min_p=min_p,
+                           repetition_penalty=repetition_penalty)
 
 
 def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool, temperature: float,
                     completion_mask, top_p: float, head_in_fp32: bool = False, visuals=None,
-                    top_k: int = 0, min_p: float = 0.0):
+                    top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0):
     cut = Cut(top_p, top_k, min_p)
     mask = (attention_mask[:, -T:] if completion_mask is None else completion_mask).bool()
     mask = mask.to(input_ids.device)
+    P = input_ids.shape[1] - T
+    penalty = None if repetition_penalty == 1.0 else Penalty.of(
+        repetition_penalty, input_ids[:, :P], attention_mask[:, :P], input_ids[:, P:], mask,
+        model.get_output_embeddings().weight.shape[0])
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, -T:]
     with_images = vision.is_vision_model(model)
@@ -607,6 +674,9 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         # (under autocast the head ran in bfloat16 here: only a head that is not a plain linear
         # layer, or FSDP2, takes this path)
         logits = logits / temperature
+        if penalty is not None:
+            scale = penalty.scale(logits.detach().reshape(-1, logits.shape[-1])[mask.reshape(-1)])
+            logits = logits.masked_scatter(mask[..., None], logits[mask] * scale)
         if cut.active:
             flat = logits.detach().reshape(-1, logits.shape[-1]).clone()
             keep = cut.apply_(flat, targets.reshape(-1)).view_as(logits).isfinite()
@@ -632,11 +702,11 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         with torch.autocast(input_ids.device.type, enabled=False):
             logp_sel, entropy_sel = selected_logprobs(hidden[mask].float(), model.get_output_embeddings(),
                                                       targets[mask], temperature, top_p, banned,
-                                                      top_k, min_p)
+                                                      top_k, min_p, penalty)
     else:
         logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
                                                   targets[mask], temperature, top_p, banned,
-                                                  top_k, min_p)    # [M]
+                                                  top_k, min_p, penalty)    # [M]
     logp = logp_sel.new_zeros(mask.shape).masked_scatter(mask, logp_sel)
     if not with_entropy:
         return logp, None

@@ -36,7 +36,8 @@ class Rollout:
     temperature: float = 1.0            # the sampler's; log-probs of pi are taken at this temperature
     top_p: float = 1.0                  # and with this nucleus (models.nucleus_)
     top_k: int = 0                      # and this top-k (0: none), and
-    min_p: float = 0.0                  # this min-p (0: none), cut as models.Cut says
+    min_p: float = 0.0                  # this min-p (0: none), cut as models.Cut says, after
+    repetition_penalty: float = 1.0     # this repetition penalty (1: none; models.Penalty)
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns, each [N]
     rewards: torch.Tensor | None = None          # [N] float; NaN where no function could score
     rewards_per_fn: dict[str, list] = field(default_factory=dict)  # name -> [N] float | None
@@ -157,7 +158,7 @@ def concat(parts: list[Rollout], pad_token_id: int) -> Rollout:
         sampler_logprobs=torch.cat([right(p.sampler_logprobs, T, 0.0) for p in parts]),
         truncated=torch.cat([p.truncated for p in parts]),
         temperature=parts[0].temperature, top_p=parts[0].top_p, top_k=parts[0].top_k,
-        min_p=parts[0].min_p,
+        min_p=parts[0].min_p, repetition_penalty=parts[0].repetition_penalty,
         columns=columns,
         rewards=torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
         rewards_per_fn={k: [v for p in parts for v in p.rewards_per_fn[k]]

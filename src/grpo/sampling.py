@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo import decoder, vision, heap
-from grpo.models import Cut
+from grpo.models import Cut, penalize_
 from grpo.rollout import Rollout
 
 
@@ -56,10 +56,12 @@ class HFSampler:
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, stop: tuple = ()):
+                 top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, stop: tuple = (),
+                 repetition_penalty: float = 1.0):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.top_k, self.min_p, self.stop = top_k, min_p, tuple(stop)
+        self.repetition_penalty = repetition_penalty
 
     @torch.no_grad()
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
@@ -82,6 +84,7 @@ class HFSampler:
                 tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
                 top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size,
                 visuals=visuals, top_k=self.top_k, min_p=self.min_p,
+                repetition_penalty=1.0 if greedy else self.repetition_penalty,
                 stopped=stop_check(tok, self.stop) if self.stop else None)
         finally:
             self.model.train(was_training)
@@ -103,6 +106,7 @@ class HFSampler:
             sampler_logprobs=sampler_logprobs, truncated=truncated,
             temperature=1.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
             top_k=0 if greedy else self.top_k, min_p=0.0 if greedy else self.min_p,
+            repetition_penalty=1.0 if greedy else self.repetition_penalty,
             visuals=None if visuals is None else [v for v in visuals for _ in range(group_size)],
         )
 
@@ -168,14 +172,26 @@ def placeholders(model, device) -> torch.Tensor | None:
 
 
 def drawn_from(logits: torch.Tensor, banned: torch.Tensor | None, temperature: float, warper,
-               greedy: bool) -> torch.Tensor:
-    """The scores [n, V] a token is drawn from: placeholders out, then temperature and top-p."""
+               greedy: bool, seen: torch.Tensor | None = None, penalty: float = 1.0) -> torch.Tensor:
+    """The scores [n, V] a token is drawn from: placeholders out, then temperature, the
+    repetition penalty on the `seen` [n, V] tokens (models.Penalty) and the cut (`warper`)."""
     scores = logits.float()
     if banned is not None:
         scores = scores.index_fill(-1, banned, vision.BANNED_LOGIT)
     if not greedy and temperature != 1.0:
         scores = scores / temperature
+    if seen is not None:
+        scores = penalize_(scores.clone() if scores is logits else scores, seen, penalty)
     return scores if warper is None else warper(None, scores)
+
+
+def prompt_tokens_seen(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab: int,
+                       repeat: int) -> torch.Tensor:
+    """[B * repeat, V] bool: the tokens of each prompt (its real tokens, not padding), each
+    prompt's row repeated `repeat` times, as its rows are."""
+    counts = torch.zeros(len(prompt_ids), vocab, dtype=torch.int32, device=prompt_ids.device)
+    counts.scatter_add_(1, prompt_ids, prompt_mask.int())
+    return (counts > 0).repeat_interleave(repeat, 0)
 
 
 PRUNE_FRACTION = 0.125  # drop ended rows from the batch once this share of the running ones has ended
@@ -185,12 +201,13 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
              eos_token_id: int | list[int], pad_token_id: int, *, temperature: float = 1.0,
              top_p: float = 1.0, greedy: bool = False, uniforms: torch.Tensor | None = None,
              group_size: int = 1, visuals: list | None = None, top_k: int = 0,
-             min_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+             min_p: float = 0.0, repetition_penalty: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """generate_with_lengths without the lengths: the tokens [N, T] and their log-probs [N, T]."""
     tokens, logprobs, _ = generate_with_lengths(
         model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
         temperature=temperature, top_p=top_p, greedy=greedy, uniforms=uniforms,
-        group_size=group_size, visuals=visuals, top_k=top_k, min_p=min_p)
+        group_size=group_size, visuals=visuals, top_k=top_k, min_p=min_p,
+        repetition_penalty=repetition_penalty)
     return tokens, logprobs
 
 
@@ -219,6 +236,7 @@ def generate_with_lengths(model, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                           temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                           uniforms: torch.Tensor | None = None, group_size: int = 1,
                           visuals: list | None = None, top_k: int = 0, min_p: float = 0.0,
+                          repetition_penalty: float = 1.0,
                           stopped: Callable[[list[int]], bool] | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode up to `max_new_tokens` tokens for `group_size` rows of each left-padded prompt
@@ -230,8 +248,8 @@ def generate_with_lengths(model, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     its tokens reach a stop string.
 
     Returns the tokens [N, T] (pad after a row's end; T is the longest row), the log-prob each
-    token was drawn with [N, T], from the logits after temperature and the cut (top_k, top_p,
-    min_p: models.Cut), and each row's length [N] up to and including the token that ended it
+    token was drawn with [N, T], from the logits after temperature, the repetition penalty
+    (models.Penalty) and the cut (top_k, top_p, min_p: models.Cut), and each row's length [N] up to and including the token that ended it
     (0 for a row that reached `max_new_tokens` without ending).
     """
     device = next(model.parameters()).device
@@ -246,15 +264,19 @@ def generate_with_lengths(model, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                    visuals)
     logits = cache.logits
     banned = placeholders(model, device)
+    seen = None if repetition_penalty == 1.0 else prompt_tokens_seen(
+        prompt_ids.to(device), prompt_mask.to(device), logits.shape[-1], group_size)
     ended = torch.zeros(N, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
         steps = t + 1
-        scores = drawn_from(logits, banned, temperature, warper, greedy)
+        scores = drawn_from(logits, banned, temperature, warper, greedy, seen, repetition_penalty)
         u = None if uniforms is None else uniforms[rows, t, None].to(scores.device)
         chosen, lse = draw(scores, greedy, u)
         chosen_logp = (scores.gather(-1, chosen[:, None]) - lse).squeeze(-1)
         chosen = chosen.masked_fill(ended, pad_token_id)
+        if seen is not None:
+            seen[torch.arange(len(chosen), device=device), chosen] = True
         tokens[rows, t] = chosen.cpu()
         logprobs[rows, t] = chosen_logp.cpu()
         ending = ~ended & torch.isin(chosen, eos)
@@ -270,6 +292,7 @@ def generate_with_lengths(model, prompt_ids: torch.Tensor, prompt_mask: torch.Te
             keep = (~ended).nonzero().squeeze(-1)
             cache.keep(keep)
             rows, chosen, ended = rows[keep.cpu()], chosen[keep], ended[keep]
+            seen = None if seen is None else seen[keep]
         logits = cache.step(chosen)
     return tokens[:, :steps], logprobs[:, :steps], lengths
 

@@ -31,7 +31,7 @@ from grpo import build, distributed, resume, sft
 from grpo.advantages import (ADVANTAGES, TOKEN_RETURNS, batch_token_normalized, groups_with_contrast,
                              process_supervision, token_returns)
 from grpo.checkpoint import fault_point, save_model_dir
-from grpo.config import TrainConfig, to_yaml
+from grpo.config import TrainConfig, sampler_own_keys, to_yaml
 from grpo.data import PromptStream, columns_of, first_line
 from grpo.episodes import EpisodeSampler
 from grpo.evaluate import evaluate
@@ -431,7 +431,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
     weights (`vllm_sampler.py`); with tools or an environment, either samples episodes."""
     s = c.sampling
     agent = build.agent_of(c)
-    cut = [k for k, off in (("top_k", 0), ("min_p", 0.0), ("stop", [])) if getattr(s, k) != off]
+    cut = sampler_own_keys(s)
     if agent is not None and cut:      # a task's own tools make an agent run without `tools`
         raise build.ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
                                 "episodes (tools, environment, a task with tools) do not yet")
@@ -443,7 +443,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer):
     if s.sampler == "hf":
         return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
                          temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                         stop=tuple(s.stop))
+                         stop=tuple(s.stop), repetition_penalty=s.repetition_penalty)
     from grpo.vllm_sampler import VLLMSampler, VLLMUnavailable
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     try:

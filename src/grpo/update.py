@@ -79,6 +79,7 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
         logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
                                  part.completion_ids.shape[1], temperature=part.temperature, top_p=part.top_p,
                                  top_k=part.top_k, min_p=part.min_p,
+                                 repetition_penalty=part.repetition_penalty,
                                  completion_mask=part.completion_mask, visuals=part.visuals)
         out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
         del logp, part
@@ -159,7 +160,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         T = part.completion_ids.shape[1]
         logp, entropy = token_logprobs(policy, part.input_ids, part.attention_mask, T,
                                        with_entropy=True, temperature=part.temperature, top_p=part.top_p,
-                                 top_k=part.top_k, min_p=part.min_p,
+                                       top_k=part.top_k, min_p=part.min_p,
+                                       repetition_penalty=part.repetition_penalty,
                                        completion_mask=part.completion_mask, visuals=part.visuals)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
@@ -192,6 +194,7 @@ def _zero_passes(policy, part: Rollout, n: int) -> None:
         logp, _ = token_logprobs(policy, part.input_ids, part.attention_mask,
                                  part.completion_ids.shape[1], temperature=part.temperature, top_p=part.top_p,
                                  top_k=part.top_k, min_p=part.min_p,
+                                 repetition_penalty=part.repetition_penalty,
                                  visuals=part.visuals)
         (logp.sum() * 0.0).backward()
 
