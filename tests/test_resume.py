@@ -180,6 +180,64 @@ def test_resume_auto_skips_a_corrupted_checkpoint_and_a_named_one_is_an_error(ti
     assert steps == [1, 2, 3, 4] and result.history[0]["step"] == 3
 
 
+def run_files(run_dir) -> dict:
+    """What a run leaves that a resumed run must repeat: metrics (but wall-clock times), samples,
+    the evaluations' rows and which checkpoints are kept."""
+    return {"metrics": without_times(run_dir / "metrics.jsonl"),
+            "samples": (run_dir / "samples.jsonl").read_text(),
+            "eval": {p.name: p.read_text() for p in sorted((run_dir / "eval").iterdir())},
+            "checkpoints": sorted(p.name for p in (run_dir / "checkpoints").iterdir())}
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_as_if_never_stopped(tiny_model_dir, tmp_path):
+    # Killed after the step-0 evaluation was logged and before any checkpoint, resume=auto had
+    # nothing to resume from and started over, appending a second step-0 evaluation to the
+    # first. Starting over now cuts what step 0 writes again.
+    args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
+            "max_new_tokens=4", "steps=4", "eval_every=2", "eval_size=4", "save_every=3",
+            "keep_last=2", "threads=1", "seed=3"]
+    whole = launch(args, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    expected = run_files(tmp_path / "whole")
+    run = tmp_path / "killed"
+    # after step 2's update, before its metrics: step 0's evaluation and step 1 are written
+    done = launch(args, run, fault="step:2")
+    assert done.returncode == -signal.SIGKILL
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert not (run / "checkpoints").exists()
+    done = launch(args, run, resume=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no valid checkpoint" in done.stdout and "starting from step 0" in done.stdout
+    assert run_files(run) == expected
+
+
+def test_a_run_whose_every_checkpoint_is_corrupt_starts_over_as_if_never_stopped(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch):
+    from grpo import resume
+    config = dict(steps=4, eval_every=2, eval_size=4, save_every=1, keep_last=2, seed=3)
+    train(small_config(tiny_model_dir, tmp_path / "whole", **config), log=lambda line: None)
+    expected = run_files(tmp_path / "whole")
+    run = tmp_path / "run"
+    train(small_config(tiny_model_dir, run, **config), log=lambda line: None)
+    shutil.rmtree(run / "final")       # as if killed after its last checkpoint, before final/
+    for name in ("step-3", "step-4"):
+        (run / "checkpoints" / name / "optimizer.pt").write_bytes(b"torn")
+    kept, real_prune = [], resume.prune
+
+    def prune(parent, keep_last, **upto):
+        real_prune(parent, keep_last, **upto)
+        kept.append([p.name for p in sorted(parent.iterdir()) if checkpoint.verify(p) is None])
+
+    monkeypatch.setattr(resume, "prune", prune)
+    lines = []
+    train(small_config(tiny_model_dir, run, resume="auto", **config), log=lines.append)
+    assert any("skipping checkpoint step-4" in line for line in lines)
+    assert any("no valid checkpoint" in line for line in lines)
+    assert run_files(run) == expected
+    # the checkpoints the new start writes are kept, not pruned for the corrupt ones of later steps
+    assert kept == [["step-1"], ["step-1", "step-2"], ["step-2", "step-3"], ["step-3", "step-4"]]
+
+
 def test_a_fresh_run_refuses_a_directory_that_holds_one(tiny_model_dir, tmp_path):
     train(small_config(tiny_model_dir, tmp_path, steps=1), log=lambda line: None)
     before = (tmp_path / "metrics.jsonl").read_text()

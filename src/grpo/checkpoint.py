@@ -135,11 +135,13 @@ def newest_valid(parent: str | Path, log: Callable[[str], None] = print) -> Path
     return None
 
 
-def prune(parent: str | Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step directories (0 keeps all)."""
+def prune(parent: str | Path, keep_last: int, upto: int | None = None) -> None:
+    """Delete all but the newest `keep_last` step directories (0 keeps all). With `upto` (the step
+    just written) only those up to it count: a later one is an earlier attempt's that did not
+    verify, and must not push out the checkpoints of the run that is replacing it."""
     if keep_last <= 0:
         return
-    for _, path in step_dirs(parent)[:-keep_last]:
+    for _, path in [d for d in step_dirs(parent) if upto is None or d[0] <= upto][:-keep_last]:
         shutil.rmtree(path, ignore_errors=True)
 
 

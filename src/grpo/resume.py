@@ -108,7 +108,7 @@ def save(run_dir: Path, c: TrainConfig, learner, tokenizer, stream, step: int, a
     except CheckpointError as e:
         kept = f"the previous checkpoint {before[-1]} is intact" if before else "no earlier checkpoint exists"
         raise CheckpointError(f"{e}; {kept}. Free space, then continue with resume=auto") from e.__cause__
-    prune(parent, c.run.keep_last)
+    prune(parent, c.run.keep_last, upto=step)
     return path
 
 
@@ -264,9 +264,11 @@ def restore(learner, stream, path: Path) -> dict:
 
 
 def cut_run_files(run_dir: Path, step: int) -> None:
-    """Drop the lines of metrics.jsonl and samples.jsonl written after `step` (and a torn last
-    line), atomically, so the resumed run appends where the checkpoint was taken."""
-    for name in ("metrics.jsonl", "samples.jsonl"):
+    """Drop the lines of metrics.jsonl, samples.jsonl and pipeline.jsonl written after `step`
+    (and a torn last line), atomically, so the resumed run appends where the checkpoint was taken.
+    A run that starts from step 0 over an earlier attempt's files (none had a checkpoint, or none
+    verifies) passes -1: step 0's evaluation is written again, so nothing stays."""
+    for name in ("metrics.jsonl", "samples.jsonl", "pipeline.jsonl"):
         path = run_dir / name
         if not path.is_file():
             continue

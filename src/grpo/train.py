@@ -130,14 +130,16 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         state = resume.restore(learner, stream, checkpoint)
         first, accuracy = state["step"] + 1, state["accuracy"]
         log(f"resuming from {checkpoint} at step {first}/{c.run.steps}")
+    # the last step whose records stay: none from step 0, whose evaluation is written again
+    kept = first - 1 if checkpoint is not None else -1
     if write_files:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(build.rewards_comment(data) + to_yaml(c))
-        resume.cut_run_files(run_dir, first - 1)
+        resume.cut_run_files(run_dir, kept)
     faults.take()   # counts from before this run (another run in this process) are not its own
     # async_steps: rollout workers forked now (before any thread starts), or None (today's loop)
     groups = start_pipeline(c, learner, tokenizer, data, stream, first, checkpoint, world, log)
-    tracker = (RunTracker(run_dir, purge_step=first, report_to=c.run.report_to, config=c.flat())
+    tracker = (RunTracker(run_dir, purge_step=kept + 1, report_to=c.run.report_to, config=c.flat())
                if write_files else NullTracker())
     history: list[dict] = []
 
