@@ -252,3 +252,101 @@ def test_grpo_eval_ends_completions_at_the_stop_strings_as_training_does(tiny_mo
     cut = [r["completions"][0] for r in rows_of(tmp_path / "cut.jsonl")]
     assert cut == [c[:c.index(stop) + 1] if stop in c else c for c in free]
     assert cut[0] != free[0]
+
+
+# ---------------------------------------------------------------- what evaluation needs, and says
+
+
+def test_a_run_whose_training_file_is_gone_is_still_evaluated(tiny_model_dir, tmp_path, capsys):
+    # grpo eval RUN read the run's training dataset too, which evaluation never uses: slow for a
+    # large file, and an error once the file was moved or deleted.
+    from grpo.config import build_config
+    from grpo.train import train
+    train_file = write_jsonl(tmp_path / "train.jsonl", SUMS[:20])
+    write_jsonl(tmp_path / "test.jsonl", SUMS[200:205])
+    run = tmp_path / "run"
+    threads = torch.get_num_threads()
+    train(build_config({"model": str(tiny_model_dir), "dataset": str(train_file),
+                        "eval_dataset": str(tmp_path / "test.jsonl"), "rewards": ["exact_answer"],
+                        "steps": 1, "sft_steps": 0, "eval_every": 0, "save_every": 0,
+                        "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 2, "threads": 1,
+                        "output_dir": str(run)}), log=lambda line: None)
+    torch.set_num_threads(threads)
+    train_file.unlink()
+    assert main(["eval", str(run)]) == 0
+    captured = capsys.readouterr()
+    result = last_json(captured.out)
+    assert (result["eval/n"], result["eval/rows"]) == (5, 5)
+    assert [r["prompt"] for r in rows_of(run / "eval.jsonl")] == [r["question"] for r in SUMS[200:205]]
+    assert "train.jsonl" not in captured.err          # not read, not named
+
+
+def test_pass_at_k_and_maj_at_k_only_for_a_reward_of_0_or_1(tiny_model_dir, tmp_path, monkeypatch,
+                                                            capsys):
+    # pass@k and maj@k count a sample correct when its score is 1; with a reward of 0.5 or 2 they
+    # were logged all the same, a number that measures nothing.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "graded.py").write_text(
+        "def graded(prompts, completions, **columns):\n"
+        "    return [(0.5, 2.0, 1.0, 0.0)[i % 4] for i in range(len(completions))]\n"
+        "def strict(prompts, completions, **columns):\n"
+        "    return [float(i % 2) for i in range(len(completions))]\n")
+    common = ["eval", f"model={tiny_model_dir}", "task=addition", "eval_size=3", "max_new_tokens=1",
+              "eval_samples=4", "eval_k=[1,2,4]"]
+    assert main([*common, "eval_rewards=[graded:graded]", "eval_output=graded.jsonl"]) == 0
+    captured = capsys.readouterr()
+    result = last_json(captured.out)
+    assert not any(k.startswith(("eval/pass@2", "eval/pass@4", "eval/maj@")) for k in result)
+    # pass@1 is the mean score as it is, the same whatever eval_k asks: (0.5 + 2 + 1 + 0) / 4
+    assert result["eval/pass@1"] == result["eval/accuracy"] == 0.875
+    assert "pass@k and maj@k left out" in captured.err and "graded" in captured.err
+    # a reward of 0 or 1 keeps them: half of each row's samples right -> pass@2 = 1 - C(2,2)/C(4,2)
+    assert main([*common, "eval_rewards=[graded:strict]", "eval_output=strict.jsonl"]) == 0
+    captured = capsys.readouterr()
+    result = last_json(captured.out)
+    assert (result["eval/pass@1"], result["eval/pass@4"]) == (0.5, 1.0)
+    assert result["eval/pass@2"] == pytest.approx(5 / 6, abs=1e-12)
+    assert "eval/maj@2" in result and "left out" not in captured.err
+
+
+def test_summarize_leaves_out_pass_at_k_for_scores_other_than_0_and_1():
+    from grpo.passk import summarize
+    rows = [{"scores": [1.0, 0.5], "answers": ["4", "4"]}, {"scores": [0.0, None], "answers": ["1", None]}]
+    m = summarize(rows, [1, 2], with_votes=True)
+    assert m["eval/pass@1"] == m["eval/accuracy"] == (0.75 + 0.0) / 2
+    assert not any(k in m for k in ("eval/pass@2", "eval/maj@2"))
+    rows[0]["scores"][1] = 0.0       # now 0 or 1 (None is unscorable, not a score): all logged
+    m = summarize(rows, [1, 2], with_votes=True)
+    # pass@1: row means 1/2 and 0 -> 1/4. Row 2 has one scored sample, so pass@2 and maj@2 are
+    # row 1's alone: pass@2 = 1 - C(1,2)/C(2,2) = 1; votes 4, 4 -> 4, given by a right one
+    assert (m["eval/pass@1"], m["eval/pass@2"], m["eval/maj@2"]) == (0.25, 1.0, 1.0)
+
+
+def test_prompts_skipped_as_too_long_are_not_counted_as_evaluated(tiny_model_dir, tmp_path,
+                                                                 monkeypatch, capsys):
+    # eval/rows counted the held-out rows before long_prompts=skip left some out, so a file of 5
+    # with 2 too long read as 3 of 5 evaluated, as if eval_size had cut it.
+    monkeypatch.chdir(tmp_path)
+    long = {"question": "1+1= " * 400, "answer": "2"}         # over the tiny model's 512 tokens
+    write_jsonl(tmp_path / "test.jsonl", [SUMS[0], long, SUMS[1], long, SUMS[2]])
+    assert main(["eval", f"model={tiny_model_dir}", "eval_dataset=test.jsonl", "max_new_tokens=1",
+                 "rewards=[exact_answer]", "long_prompts=skip", "eval_output=out.jsonl"]) == 0
+    captured = capsys.readouterr()
+    result = last_json(captured.out)
+    assert (result["eval/n"], result["eval/rows"], result["eval/skipped_long_prompts"]) == (3, 3, 2)
+    assert [r["row"] for r in rows_of(tmp_path / "out.jsonl")] == [0, 2, 4]
+    assert "left out 2 of 5 eval prompts" in captured.err
+
+
+def test_evaluation_in_training_shows_progress_about_every_tenth_of_the_rows(tiny_model_dir, tmp_path):
+    # every sampling call printed a line: with eval_samples=64 one prompt a call, 100 lines for
+    # 100 rows at every evaluation
+    from grpo.config import build_config
+    from grpo.train import train
+    lines: list[str] = []
+    c = build_config({"model": str(tiny_model_dir), "task": "addition", "steps": 0, "sft_steps": 0,
+                      "eval_every": 1, "eval_size": 100, "eval_samples": 64, "max_new_tokens": 1,
+                      "threads": 1, "save_every": 0, "output_dir": str(tmp_path / "run")})
+    train(c, log=lines.append)
+    shown = [line.split("  ")[0] for line in lines if line.startswith("eval ")]
+    assert shown == [f"eval {done}/100" for done in range(10, 101, 10)]

@@ -65,10 +65,12 @@ class Data:
     # for the cold start: (row, context after its prompt that is not imitated, completion to imitate)
     demonstrations: list[tuple[dict, str, str]] = field(default_factory=list)
     skipped_long_prompts: int = 0               # rows left out by long_prompts=skip
+    skipped_long_eval_prompts: int = 0          # of those, held-out rows (eval/skipped_long_prompts)
     agent: Agent | None = None                  # tools and/or an environment: episodes
     reward_uses: list = field(default_factory=list)   # [RewardUse]: each term and its source
     accuracy_source: str = ""                   # what eval/accuracy is scored with, and why
-    eval_rows_available: int = 0                # held-out rows before the eval_size cut
+    eval_rows_available: int = 0                # held-out rows before the eval_size cut (and
+                                                # before long_prompts=skip)
     eval_fns: list[RewardFn] = field(default_factory=list)   # eval_rewards=, each one's mean logged
 
 
@@ -339,16 +341,22 @@ def demonstrations_of(path: str, rows: list[dict], imitated: bool) -> list[tuple
 def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
               check_golds_now: bool = True, tools: list | None = None,
               environment: Callable[[], object] | None = None,
-              log: Callable[[str], None] | None = None, given: dict | None = None) -> Data:
+              log: Callable[[str], None] | None = None, given: dict | None = None,
+              held_out_only: bool = False) -> Data:
     """Rows, reward functions and demonstrations from the task or the dataset file, and the
     held-out rows from `eval_dataset` whenever it is set. Golds are checked at load for GRPO;
     cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses. `given`
-    holds rows given to train() in Python, by key (`dataset`, `eval_dataset`; with_given)."""
+    holds rows given to train() in Python, by key (`dataset`, `eval_dataset`; with_given).
+    `held_out_only` (`grpo eval`): the training rows are neither read nor made (train_rows and
+    demonstrations empty), so a run whose training file is gone is still evaluated."""
     d = config.data
     columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column,
                       d.image_column)
     task = None
-    if d.dataset:
+    if held_out_only:
+        train_rows, demonstrations = [], []
+        task = get_task(d.task) if not d.dataset else None
+    elif d.dataset:
         if log is not None:
             log(reading_note("dataset", d.dataset, d.dataset_split))
         train_rows = _rows_of("dataset", d.dataset, columns, d.dataset_config, d.dataset_split,
@@ -640,6 +648,7 @@ def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
     limit = context - config.sampling.max_new_tokens
     fix = (f"a model with a longer context, or a lower max_new_tokens (now "
            f"{config.sampling.max_new_tokens}), fits more")
+    had_train_rows = bool(data.train_rows)     # none at all: grpo eval, which reads no training rows
     for name in ("train_rows", "eval_rows"):
         rows, where = getattr(data, name), source_of(config, name)
         lengths = [len(ids) for ids in tokenizer(prompt_texts(config, tokenizer, rows),
@@ -655,11 +664,13 @@ def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
         kept = [row for row, n in zip(rows, lengths) if n <= limit]
         if len(kept) < len(rows):
             data.skipped_long_prompts += len(rows) - len(kept)
+            if name == "eval_rows":
+                data.skipped_long_eval_prompts += len(rows) - len(kept)
             most = f": most of {where}; {fix}" if len(kept) < len(rows) / 2 else ""
             log(f"long_prompts=skip: left out {len(rows) - len(kept)} of {len(rows)} "
                 f"{name.replace('_rows', '')} prompts longer than {limit} tokens{most}")
         setattr(data, name, kept)
-    if not data.train_rows:
+    if had_train_rows and not data.train_rows:
         raise DataError(f"{source_of(config, 'train_rows')}: every prompt is longer than {limit} "
                         f"tokens; nothing to train on: {fix}")
 

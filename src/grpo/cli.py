@@ -113,13 +113,13 @@ def cmd_sft(args: list[str], options: dict) -> None:
 
 def cmd_eval(args: list[str], options: dict) -> None:
     from grpo import build
-    from grpo.evaluate import eval_setup, evaluate, results_file, say_replacing
-    from grpo.progress import Progress, to_stderr
+    from grpo.evaluate import eval_setup, evaluate, progress, results_file, say_replacing
+    from grpo.progress import to_stderr
     from grpo.sampling import HFSampler
     said: list[str] = []                 # shown once the model loads: an error is one line alone
     setup = eval_setup(*_checked_args(args), log=said.append)   # a run: its weights and settings
     config = setup.config
-    data = build.load_data(config, log=said.append)
+    data = build.load_data(config, log=said.append, held_out_only=True)   # no training rows
     if not data.eval_rows:
         raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
     policy, tokenizer = build.load_model_and_tokenizer(config, None)
@@ -139,10 +139,10 @@ def cmd_eval(args: list[str], options: dict) -> None:
     rows_file = results_file(setup, options.get("out"))
     say_replacing(rows_file)
     results: list[dict] = []
-    with Progress("eval", len(data.eval_rows), to_stderr) as bar:
+    with progress(len(data.eval_rows), to_stderr) as bar:
         evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0,
                  on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
-                 rows_file=rows_file)
+                 rows_file=rows_file, log=to_stderr)
     print(strict_json({**results[0], "model": config.model.model, "rows_file": str(rows_file)}))
 
 
@@ -230,8 +230,8 @@ COMMANDS: dict[str, Command] = {
                     "pass@1, pass@k and maj@k. A run (its directory or config.yaml, or model= "
                     "RUN_DIR, its final/ or a checkpoint) is evaluated with its trained weights "
                     "(final/, else its newest checkpoint) and the keys it was trained with; keys "
-                    "given here win. Every row's "
-                    "completions and scores go beside what was evaluated (RUN_DIR/eval.jsonl, "
+                    "given here win. Only the held-out rows are read (a training file may be "
+                    "gone). Every row's completions and scores go beside what was evaluated (RUN_DIR/eval.jsonl, "
                     "NAME-eval.jsonl beside a model directory) or to --out.",
                     {"--out": ("FILE", "where the per-row results go (as eval_output)"),
                      **PRINT_CONFIG},

@@ -101,7 +101,8 @@ class DataConfig:
     long_prompts: str = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context: `error` stops at load
     naming the row and counting them all; `skip` leaves such rows out and counts them (said louder
-    when that is most of them). Prompts are never truncated."""
+    when that is most of them; held-out ones are logged as `eval/skipped_long_prompts`, never
+    counted in `eval/rows`). Prompts are never truncated."""
     eval_size: int = 0
     """Held-out prompts scored at each evaluation, the first N of them; 0 scores every row of
     `eval_dataset`, and the first 200 of a built-in task's held-out split. A cut is said when the
@@ -146,7 +147,9 @@ class EvalConfig:
     """Sampling temperature of the held-out completions when eval_samples > 1."""
     eval_k: list[int] = field(default_factory=list)
     """k values for pass@k (the unbiased estimator of Chen et al. 2021) and maj@k (majority vote
-    over the first k samples' extracted answers); each at most eval_samples."""
+    over the first k samples' extracted answers); each at most eval_samples. Both count a
+    completion right when its score is 1, so they are logged only when every score is 0 or 1; a
+    graded reward (0.5, 2.0) gets pass@1, its mean, alone, and `grpo eval` says why."""
     eval_output: str = ""
     """`grpo eval` and `grpo score`: the per-row results as JSONL (or --out FILE); empty writes
     them beside what was evaluated: RUN_DIR/eval.jsonl for a run, NAME-eval.jsonl beside a model
@@ -155,7 +158,8 @@ class EvalConfig:
     training each evaluation writes OUTPUT_DIR/eval/step-N.jsonl."""
     eval_rewards: list[str] = field(default_factory=list)
     """Reward functions `eval/accuracy` scores held-out completions with, named as in `rewards`
-    (built-ins, `module:function`, ...); pass@k and maj@k use the first, and each one's mean is
+    (built-ins, `module:function`, ...); pass@k and maj@k use the first (when its scores are 0
+    or 1), and each one's mean is
     logged as `eval/reward/NAME/mean`. Empty: code_tests when it is the first reward, an
     environment's episode reward when it is the only one, math_accuracy for rows from a file, else
     the task's own reward."""

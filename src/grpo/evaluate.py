@@ -4,10 +4,14 @@ With `eval_samples=1` (the default) each prompt gets one greedy completion and `
 the mean of the accuracy reward (build.choose_accuracy: the first of `eval_rewards` when set; in a
 run on an environment's reward alone, the environment's episode reward), and each of
 `eval_rewards` has its mean as `eval/reward/NAME/mean`. `eval/n` counts the prompts scored and
-`eval/rows` those the held-out data holds, so a cut by `eval_size` shows in every record.
+`eval/rows` those the held-out data holds less the prompts `long_prompts=skip` left out as too
+long for the model (`eval/skipped_long_prompts`, logged with skip), so a cut by `eval_size` shows
+in every record and a skipped prompt is never counted as evaluated.
 With n > 1 each prompt gets n completions sampled at `eval_temperature`, and the metrics are
 pass@1 (the mean over samples) with its spread over the sample positions, pass@k for every k
 in `eval_k` (unbiased estimator) and, for tasks whose answers can be extracted, maj@k (passk.py).
+pass@k and maj@k count a completion right when its score is 1, so they are logged only when
+every score is 0 or 1; a graded reward (0.5, 2.0) gets pass@1, its mean, alone.
 Sampling for evaluation draws from its own random generator, seeded by the run's seed and the
 step, so it neither depends on nor disturbs training's.
 Every row's completions, scores and answers go to a JSONL file.
@@ -26,12 +30,13 @@ import torch
 from grpo import build
 from grpo.config import TrainConfig, build_config, load_yaml, parse_overrides
 from grpo.data import columns_of
-from grpo.passk import summarize
-from grpo.progress import to_stderr
+from grpo.passk import binary_scores, summarize
+from grpo.progress import Progress, to_stderr
 from grpo.rewards import reward_name, score, unique_names
 from grpo.rewards.answers import extract_answer
 
 BATCH_COMPLETIONS = 64   # completions per sampling call
+PROGRESS_LINES = 10      # progress lines an evaluation prints, about: one every tenth of the rows
 
 
 @contextmanager
@@ -56,9 +61,11 @@ def sampling_at(sampler, temperature: float, seed: int, device):
 
 def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step: int,
              on_batch: Callable[[int, float], None] | None = None,
-             rows_file: str | Path | None = None) -> float:
+             rows_file: str | Path | None = None,
+             log: Callable[[str], None] | None = None) -> float:
     """Score the held-out prompts; `record(metrics, step)`; return eval/accuracy (pass@1).
-    `on_batch(prompts done, accuracy so far)` after each sampling call."""
+    `on_batch(prompts done, accuracy so far)` after each sampling call (`progress` shows it);
+    `log` hears why pass@k and maj@k are left out when they are."""
     n = c.eval.eval_samples
     by_environment = data.accuracy_fn is None    # the environment's episode reward is the score
     with_votes = not by_environment and reward_name(data.accuracy_fn) != "code_tests"
@@ -97,7 +104,15 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
                 so_far = summarize(results, [], with_votes)["eval/accuracy"]
                 on_batch(start + len(rows), so_far)
     metrics = summarize(results, list(c.eval.eval_k), with_votes)
-    metrics["eval/rows"] = float(max(data.eval_rows_available, len(data.eval_rows)))
+    skipped = data.skipped_long_eval_prompts
+    metrics["eval/rows"] = float(max(data.eval_rows_available - skipped, len(data.eval_rows)))
+    if c.data.long_prompts == "skip":
+        metrics["eval/skipped_long_prompts"] = float(skipped)
+    if log is not None and any(k > 1 for k in c.eval.eval_k) and not binary_scores(results):
+        graded = next(v for r in results for v in r["scores"] if v not in (None, 0.0, 1.0))
+        log(f"pass@k and maj@k left out (eval_k={list(c.eval.eval_k)}): eval/accuracy's reward, "
+            f"{build.accuracy_text(data)}, gave scores other than 0 and 1 (such as {graded:g}), "
+            "and they count a completion right only when its score is 1; pass@1 is its mean")
     for name, values in per_fn.items():
         if values:   # every completion unscorable: counted in eval/unscorable, no mean to log
             metrics[f"eval/reward/{name}/mean"] = sum(values) / len(values)
@@ -108,6 +123,12 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
     if rows_file is not None:
         write_rows(rows_file, results)
     return metrics["eval/accuracy"]
+
+
+def progress(total: int, log: Callable[[str], None]) -> Progress:
+    """The progress of an evaluation of `total` prompts: a line about every tenth of them (a
+    sampling call can hold one prompt: a line each would flood a log), and one at the end."""
+    return Progress("eval", total, log, every=max(1, round(total / PROGRESS_LINES)))
 
 
 def write_rows(path: str | Path, results: list[dict]) -> None:

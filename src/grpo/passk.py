@@ -35,8 +35,10 @@ def majority_vote(answers: list[str | None], correct: list[bool]) -> bool:
 def summarize(rows: list[dict], ks: list[int], with_votes: bool) -> dict[str, float]:
     """Metrics over prompts. Each row has `scores` (n values, None where unscorable) and, for
     votes, `answers`. pass@1 is the mean score over scored samples (fractional scores count as
-    they are); pass@k and maj@k count a sample correct when its score is 1; `pass@1_std` is the
-    standard deviation, over the n sample positions, of each position's mean score."""
+    they are); `pass@1_std` is the standard deviation, over the n sample positions, of each
+    position's mean score. pass@k and maj@k count a sample correct when its score is 1, which
+    means something only when every score is 0 or 1: when any is not (a graded reward, 0.5 or 2),
+    neither is computed for any k (`binary_scores`), and pass@1 stays the mean score."""
     scored = [[s for s in r["scores"] if s is not None] for r in rows]
     used = [s for s in scored if s]
     n_max = max((len(r["scores"]) for r in rows), default=0)
@@ -54,7 +56,7 @@ def summarize(rows: list[dict], ks: list[int], with_votes: bool) -> dict[str, fl
                 positions.append(sum(column) / len(column))
         mean = sum(positions) / len(positions)
         out["eval/pass@1_std"] = math.sqrt(sum((p - mean) ** 2 for p in positions) / len(positions))
-    for k in ks:
+    for k in ks if binary_scores(rows) else ():
         per_row = [pass_at_k(len(s), sum(v == 1.0 for v in s), k) for s in scored if len(s) >= k]
         out[f"eval/pass@{k}"] = sum(per_row) / max(len(per_row), 1)
         if with_votes and k > 1:
@@ -62,3 +64,9 @@ def summarize(rows: list[dict], ks: list[int], with_votes: bool) -> dict[str, fl
                      for r in rows if all(v is not None for v in r["scores"][:k])]
             out[f"eval/maj@{k}"] = sum(votes) / max(len(votes), 1)
     return out
+
+
+def binary_scores(rows: list[dict]) -> bool:
+    """Whether every score is 0 or 1 (None, unscorable, is no score): correctness, which pass@k
+    and maj@k count."""
+    return all(v in (0.0, 1.0) for r in rows for v in r["scores"] if v is not None)

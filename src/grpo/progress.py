@@ -1,8 +1,8 @@
 """Live progress for long work (train, sft, eval, bench).
 
 On a terminal: a bar with the count, elapsed and remaining time, and a compact line of the key
-metrics, redrawn in place; every `every` units the line is also printed above the bar, so the
-scrollback keeps a record. Not on a terminal (a pipe, a file, a test's list): no bar and no
+metrics, redrawn in place; each time the count passes a multiple of `every` (and at the end) the
+line is also printed above the bar, so the scrollback keeps a record. Not on a terminal (a pipe, a file, a test's list): no bar and no
 carriage returns, only those lines, through the caller's `log`.
 """
 
@@ -37,12 +37,15 @@ def eta(elapsed: float, done: int, total: int) -> str:
 
 
 class Progress:
-    """`update(done, line)` after each unit of work; use as a context manager."""
+    """`update(done, line)` after each unit of work, or after several at once (a batch); use as a
+    context manager. A line is kept when `done` reaches or passes the next multiple of `every`
+    (an update of several units may step over the multiple itself), and at `total`."""
 
     def __init__(self, label: str, total: int, log: Callable[[str], None] = print, every: int = 1,
                  start: int = 0):
         self.label, self.total, self.log, self.every = label, total, log, max(1, every)
         self.start, self.started = start, time.perf_counter()
+        self.last = start           # `done` at the last update
         self.stream = _terminal_stream(log)
         self.bar = None
 
@@ -81,9 +84,11 @@ class Progress:
         """`done` units of `total` are finished; `line` is the compact metrics line."""
         elapsed = time.perf_counter() - self.started
         full = f"{self.label} {done}/{self.total}  {line}  {eta(elapsed, done - self.start, self.total - self.start)} left"
+        kept = done // self.every > self.last // self.every or done == self.total
+        self.last = done
         if self.bar is not None:
             self.bar.update(self.task, completed=done, line=line)
-            if done % self.every == 0 or done == self.total:
+            if kept:
                 self.bar.console.print(full)
-        elif done % self.every == 0 or done == self.total:
+        elif kept:
             self.log(full)

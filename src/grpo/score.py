@@ -8,7 +8,8 @@ them, `prompt_column` and the rest included) plus its completions: one text, or 
 Every completion is scored by the run's reward functions (their weighted sum, as in training) and
 the rows' scores go through the same estimators as `grpo eval` (passk.py): pass@1 (the mean),
 pass@k for each k in `eval_k` (a completion counts as correct when its reward is 1) and, for
-answers that can be extracted, maj@k. Rewards see each prompt as the file writes it, with no chat
+answers that can be extracted, maj@k; those two only when every reward is 0 or 1 (a weighted sum
+or a graded reward gets pass@1 alone). Rewards see each prompt as the file writes it, with no chat
 template: there is no model, so no tokenizer to apply one.
 """
 

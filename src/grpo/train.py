@@ -34,7 +34,7 @@ from grpo.checkpoint import fault_point, save_model_dir
 from grpo.config import TrainConfig, sampler_own_keys, to_yaml
 from grpo.data import PromptStream, columns_of, first_line
 from grpo.episodes import EpisodeSampler
-from grpo.evaluate import evaluate
+from grpo.evaluate import evaluate, progress as eval_progress
 from grpo.loss import (AGGREGATIONS, COVARIANCE_LOSSES, CORRECTIONS, clip_cov_tokens, kl_cov_tokens,
                        kl_penalized_rewards, token_covariance, token_kl)
 from grpo.metrics import (RunawayWatch, everyones_faults, everyones_rows, metrics_line,
@@ -158,7 +158,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                 rows_file = run_dir / "eval" / f"step-{step}.jsonl" if write_files else None
                 # its own bar, as `grpo eval` shows, in place of the steps' while it runs
                 with (steps_bar.paused() if steps_bar is not None else nullcontext()), \
-                        Progress("eval", len(data.eval_rows), log) as shown:
+                        eval_progress(len(data.eval_rows), log) as shown:
                     try:
                         return evaluate(c, learner.sampler, tokenizer, data, record, step=step,
                                         rows_file=rows_file, on_batch=lambda done, accuracy:
