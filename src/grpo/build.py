@@ -91,7 +91,7 @@ def resolve_reward(name: str, config: TrainConfig) -> RewardFn:
         except RuntimeError as e:
             raise ConfigError(str(e)) from None
     if name.startswith(("http://", "https://")):
-        return RewardServer(name)
+        return RewardServer(name, timeout_s=config.reward.reward_server_timeout_s)
     if name.startswith("model:"):
         path = name.removeprefix("model:")
         try:

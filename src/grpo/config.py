@@ -231,7 +231,13 @@ class RewardConfig:
     missing, as TRL's nansum): for datasets that mix tasks, each function scoring its own rows."""
     reward_on_error: str = "raise"
     """When a reward function raises: `raise` stops naming it and the sample; `skip` marks the
-    sample unscorable (left out of its group, counted in reward/unscorable)."""
+    sample unscorable (left out of its group, counted in reward/unscorable). A reward server that
+    fails a batch (timeout, HTTP error, an answer that is not rewards) stops the run naming the
+    server and what it answered, or, with `skip`, leaves the batch unscorable, counted by cause in
+    reward/<fn>/error/<cause>."""
+    reward_server_timeout_s: float = 60.0
+    """A reward server's deadline per call: connecting, sending, reading its whole answer and
+    every retry (of a refused or reset connection, or a 5xx answer) end within it."""
 
 
 @dataclass(frozen=True)
@@ -817,6 +823,7 @@ BOUNDS: dict[str, Bound] = {
     "max_sampling_rounds": _COUNT,
     "code_timeout_s": _ABOVE_0,
     "code_workers": _AT_LEAST_1,
+    "reward_server_timeout_s": _ABOVE_0,
     "beta": _COUNT,
     "epsilon": Bound(0, 1, why="rho is clipped below at 1 - epsilon, and no ratio is below 0"),
     "epsilon_high": _COUNT,

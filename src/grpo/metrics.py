@@ -68,8 +68,8 @@ def episode_metrics(rollout: Rollout) -> dict:
 
 
 def everyones_faults(world: distributed.World, also: dict[str, int] | None = None) -> dict[str, int]:
-    """`reward/<fn>/zero/<cause>` counts since the last step, summed over every process (and
-    `also`: the counts rollout workers sent with their groups)."""
+    """`reward/<fn>/zero/<cause>` and `reward/<fn>/error/<cause>` counts since the last step,
+    summed over every process (and `also`: the counts rollout workers sent with their groups)."""
     total: dict[str, int] = {}
     mine = faults.take()
     for key, n in (also or {}).items():

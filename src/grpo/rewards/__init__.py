@@ -17,6 +17,7 @@ from grpo.rewards.countdown import countdown_equation
 from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, extract_answer, final_answer, math_accuracy
 from grpo.rewards.code import CodeTests, code_tests
+from grpo.rewards import faults
 from grpo.rewards.workers import find
 
 RewardFn = Callable[..., list]
@@ -34,6 +35,23 @@ REWARDS: dict[str, RewardFn] = {
 
 class RewardError(ValueError):
     """A reward function broke the contract; the message names it."""
+
+
+class Unscored(RewardError):
+    """A reward source could not score some or all of a batch for a reason that is not the
+    completions' doing (a server down, or answering something that is not rewards; a completion
+    it refuses for its size). `cause` is a short snake_case word (`timeout`, `http_500`); where
+    some samples were scored, `partial` holds the batch's values with None for the others, and
+    `unscored` counts those. reward_on_error=skip keeps the values it has (None for every sample
+    without `partial`) and counts the rest as `reward/<fn>/error/<cause>`; raise stops the run
+    with the message, which names the source."""
+
+    def __init__(self, message: str, cause: str = "error", partial: list | None = None,
+                 unscored: int | None = None):
+        super().__init__(message)
+        self.cause, self.partial = cause, partial
+        self.unscored = (unscored if unscored is not None or partial is None
+                         else sum(v is None for v in partial))
 
 
 def get_reward(name: str) -> RewardFn:
@@ -81,10 +99,14 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     columns = {k: list(v) for k, v in columns.items()}
     try:
         return as_values(fn(prompts, completions, **columns))
-    except RewardError as e:  # it names its source (a reward server that failed, say)
-        partial = getattr(e, "partial", None)    # some samples refused for what they are
-        if on_error == "skip" and partial is not None and len(partial) == len(completions):
-            return partial
+    except Unscored as e:  # a source that names itself and the cause (a reward server down, say)
+        if on_error == "raise":
+            raise
+        n = len(completions)
+        whole = e.partial is not None and len(e.partial) == n
+        faults.count(name, e.cause, e.unscored if whole else n, kind="error")
+        return e.partial if whole else [None] * n
+    except RewardError:  # it names its source
         raise
     except Exception:  # noqa: BLE001 - a user's function may raise anything; we name it below
         pass
@@ -164,6 +186,6 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     return totals, per_fn
 
 
-__all__ = ["REWARDS", "RewardError", "UNSCORABLE", "get_reward", "score", "math_accuracy",
+__all__ = ["REWARDS", "RewardError", "UNSCORABLE", "Unscored", "get_reward", "score", "math_accuracy",
            "exact_answer", "think_format", "countdown_equation", "code_tests", "CodeTests",
            "final_answer", "extract_answer", "reward_name"]
