@@ -173,7 +173,7 @@ def test_a_stuck_worker_times_out_with_the_peer_and_the_transfer_named(tiny_mode
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "slow"),
                       "async_steps": 1, "transfer_timeout_s": 2})
     started = time.time()
-    with pytest.raises(Exception, match=r"the groups of step 1 .*from rollout worker 0: nothing arrived "
+    with pytest.raises(PipelineError, match=r"the groups of step 1 .*from rollout worker 0: nothing arrived "
                                         r"within 2 s \(transfer_timeout_s\)"):
         train(c, reward_fns=[slow], log=lambda line: None)
     assert time.time() - started < 20
@@ -222,6 +222,52 @@ def test_sigkill_mid_pipeline_then_resume_equals_an_uninterrupted_run(tiny_model
         return exact([json.loads(line) for line in path.read_text().splitlines()])
     assert rows(run_dir / "metrics.jsonl") == rows(tmp_path / "whole" / "metrics.jsonl")
     assert (run_dir / "samples.jsonl").read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
+
+
+FAULTY_REWARDS = """
+import os, signal, time
+TRAINER = os.getpid()     # imported in the trainer; its rollout workers are forks of it
+
+
+def stuck(prompts, completions, **kw):
+    if os.getpid() != TRAINER:      # not the start check's dry call, which runs in the trainer
+        time.sleep(60)
+    return [0.0] * len(completions)
+
+
+def kills_the_spare(prompts, completions, **kw):
+    if os.getpid() != TRAINER:
+        os.kill(os.getppid(), signal.SIGKILL)     # the spare process that forked this worker
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [0.0] * len(completions)
+"""
+
+
+@pytest.mark.parametrize("keys, fault, says", [
+    (["rewards=[faulty:stuck]", "transfer_timeout_s=2"], "",
+     r"the groups of step 1( \(\d+ bytes\))? from rollout worker 0: nothing arrived within 2 s "
+     r"\(transfer_timeout_s\); the peer is stuck or the machine is overloaded"),
+    (["worker_restarts=0"], "rollout:1",
+     r"the groups of step 1: rollout worker 0 closed the connection \(.+\); rollout worker 0 has "
+     r"died 1 times, more than worker_restarts=0"),
+    (["rewards=[faulty:kills_the_spare]"], "",
+     r"rollout worker 0 cannot be started: the spare process that starts rollout workers "
+     r"\(pid \d+\) has exited \((broken pipe|it closed its pipe)\); the run cannot go on"),
+], ids=["transfer_timeout", "lost_worker", "killed_spare"])
+def test_the_command_ends_a_failed_pipeline_with_one_line_and_status_2(tiny_model_dir, tmp_path, keys,
+                                                                       fault, says):
+    # Each used to end `grpo train` with a traceback and status 1 (a bug's), where one line and
+    # status 2 were promised.
+    (tmp_path / "faulty.py").write_text(FAULTY_REWARDS)
+    args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=4", "group_size=4",
+            "max_new_tokens=6", "steps=3", "eval_every=0", "threads=2", "async_steps=1",
+            "report_to=[]", *keys]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_FAULT_KILL_AT": fault}
+    done = subprocess.run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.splitlines()     # one line, no traceback
+    assert line.startswith("grpo train: error: ") and re.search(says, line), line
 
 
 def test_weights_travel_in_buckets_and_come_back_whole(tiny):

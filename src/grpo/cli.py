@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     from grpo.checkpoint import CheckpointError
     from grpo.data import DataError
+    from grpo.pipeline import PipelineError
     from grpo.resume import Stopped
     from grpo.rewards import RewardError
     from grpo.train import TrainingError
@@ -392,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         except Stopped as e:
             print(f"grpo {command}: {e}", file=sys.stderr)
             return 128 + e.signum
-        except (UsageError, ConfigError, DataError, RewardError, TrainingError, CheckpointError) as e:
+        except (UsageError, ConfigError, DataError, RewardError, TrainingError, CheckpointError,
+                PipelineError) as e:   # a pipeline's worker lost, a transfer timed out
             print(f"grpo {command}: error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:

@@ -16,8 +16,8 @@ loop of train.py itself, with no worker.
     transport.py   torch.distributed point to point (gloo), with timeouts that name peer and tensor
 """
 
-from grpo.pipeline.groups import Groups, PipelineError
-from grpo.pipeline.transport import PeerLost, TransferTimeout
+from grpo.pipeline.groups import Groups
+from grpo.pipeline.transport import PeerLost, PipelineError, TransferTimeout
 from grpo.pipeline.worker import Work, version_for
 
 

@@ -21,16 +21,13 @@ import time
 
 from grpo.data import PromptStream
 from grpo.distributed import World
-from grpo.pipeline.transport import CONTROL, PARTS, Channel, PeerLost, load_snapshot, snapshot
+from grpo.pipeline.transport import (CONTROL, PARTS, Channel, PeerLost, PipelineError, load_snapshot,
+                                    snapshot)
 from grpo.pipeline.worker import HOST, Work, Zygote, part_of, version_for
 from grpo.rollout import concat
 
 
 CONNECT_S = 120.0   # the longest a new rollout worker may take to join its trainer's group
-
-
-class PipelineError(RuntimeError):
-    """The pipeline cannot go on; the message names the worker, the step and what to change."""
 
 
 class _Remote:

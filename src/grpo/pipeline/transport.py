@@ -26,11 +26,16 @@ BUCKET_BYTES = 32 << 20                    # weights travel in buckets of at mos
 TRAINER_PATIENCE_S = 86400.0
 
 
-class TransferTimeout(RuntimeError):
+class PipelineError(RuntimeError):
+    """The pipeline cannot go on; the message names the worker or the transfer, the step and what
+    to change. The command ends the run with it in one line (exit status 2)."""
+
+
+class TransferTimeout(PipelineError):
     """A transfer did not finish within transfer_timeout_s."""
 
 
-class PeerLost(RuntimeError):
+class PeerLost(PipelineError):
     """The process at the other end closed its connection (it died or was killed)."""
 
 

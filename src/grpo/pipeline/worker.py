@@ -29,7 +29,7 @@ import torch
 from grpo.checkpoint import fault_point
 from grpo.data import PromptStream
 from grpo.distributed import World
-from grpo.pipeline.transport import CONTROL, PARTS, Channel
+from grpo.pipeline.transport import CONTROL, PARTS, Channel, PipelineError
 from grpo.rewards import faults
 
 HOST = "127.0.0.1"
@@ -224,13 +224,21 @@ class Zygote:
 
     def start(self, index: int, generation: int, port: int) -> int:
         """Fork worker `index`; returns its process id."""
-        os.write(self._send, f"{index} {generation} {port}\n".encode())
         reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = os.read(self._recv, 64)
-            if not chunk:
-                raise RuntimeError("the process that starts rollout workers has exited")
-            reply += chunk
+        try:
+            os.write(self._send, f"{index} {generation} {port}\n".encode())
+            while not reply.endswith(b"\n"):
+                chunk = os.read(self._recv, 64)
+                if not chunk:
+                    raise EOFError("it closed its pipe")
+                reply += chunk
+        except (OSError, EOFError) as e:   # BrokenPipeError when it was killed
+            reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+            raise PipelineError(
+                f"rollout worker {index} cannot be started: the spare process that starts rollout "
+                f"workers (pid {self.pid}) has exited ({reason.lower()}); the run cannot go on "
+                "without it: run the command again (resume=auto continues from the last "
+                "checkpoint)") from None
         return int(reply)
 
     def close(self) -> None:
