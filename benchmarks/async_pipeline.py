@@ -72,7 +72,7 @@ def judge(delay: float) -> ThreadingHTTPServer:
 def code_files(out: Path) -> tuple[Path, Path]:
     """The code task: `largest of ...:` -> a program whose f() returns the largest digit."""
     def rows(held_out: bool, n: int, seed: int) -> list[dict]:
-        from grpo.tasks.largest import LargestTask
+        from grpo.data.tasks.largest import LargestTask
         task = LargestTask()
         picked = task.eval_rows() if held_out else task.train_rows(seed)
         return [{"prompt": r["prompt"], "completion": f"def f():\n    return {r['answer']}",
@@ -192,7 +192,10 @@ def phase_medians(run_dir: Path) -> dict:
     keys = {"step": "time/step_s", "sample": "time/sample_s", "reward": "time/reward_s",
             "reference": "time/reference_s", "update": "time/update_s",
             "wait": "pipeline/trainer_wait_s"}
-    return {name: statistics.median(r.get(key, 0.0) for r in rows) for name, key in keys.items()}
+    medians = {name: statistics.median(r.get(key, 0.0) for r in rows) for name, key in keys.items()}
+    # rewards to advantages: counted in time/reward_s until it had a timer of its own
+    medians["reward"] += statistics.median(r.get("time/advantage_s", 0.0) for r in rows)
+    return medians
 
 
 def sim_inputs(sync: dict, asyn: dict, rows: int) -> dict:

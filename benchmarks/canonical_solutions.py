@@ -15,7 +15,7 @@ import json
 import time
 
 from grpo.rewards.code import CodeTests
-from grpo.rewards.sandbox import isolation_level
+from grpo.sandbox.isolate import isolation_level
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from timing import per_second
 
 from grpo.rewards.code import CodeTests
-from grpo.rewards.sandbox import isolation_level
+from grpo.sandbox.isolate import isolation_level
 
 ROWS = Path(__file__).resolve().parent.parent / "tests" / "data" / "code"
 

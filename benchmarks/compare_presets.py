@@ -33,7 +33,7 @@ def run(name: str, seed: int, extra: list[str], variants: dict) -> tuple[tuple[s
     out = RUNS / f"{name}-{seed}"
     shutil.rmtree(out, ignore_errors=True)   # a fresh run each time (train refuses a used directory)
     algorithm, keys = variants.get(name, (name, []))
-    cmd = [sys.executable, "-m", "grpo.cli", "train", f"algorithm={algorithm}", f"seed={seed}",
+    cmd = [sys.executable, "-m", "grpo.commands.cli", "train", f"algorithm={algorithm}", f"seed={seed}",
            f"output_dir={out}", "threads=1", *keys, *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return (name, seed), time.perf_counter() - start

@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("grpo_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     force([int(x) for x in args.lengths.split(",")])
-    from grpo.cli import main as grpo_main
+    from grpo.commands.cli import main as grpo_main
     rest = args.grpo_args[1:] if args.grpo_args[:1] == ["--"] else args.grpo_args
     sys.exit(grpo_main(rest))
 

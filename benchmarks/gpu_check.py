@@ -11,10 +11,10 @@ a few GRPO steps (float32 master weights, mixed_precision=bf16, gradient checkpo
 
     sampling_tokens_per_s   completion tokens per second of the sampling phase
     update_tokens_per_s     completion tokens per second of the update phase (forward+backward+AdamW)
-    model_flops_per_s       grpo.bench's model-FLOP estimate per second of step
+    model_flops_per_s       grpo.commands.bench's model-FLOP estimate per second of step
     peak_fraction           model_flops_per_s / the bf16 matrix-multiply rate measured in this run
     peak_gpu_memory_gb      torch.cuda.max_memory_allocated over the steps
-    split_s                 median seconds per step in sample, reward, reference, update
+    split_s                 median seconds per step in sample, reward, reference, advantage, update
     logp_max_abs_diff       largest |log p| difference between CUDA bfloat16 (autocast) and CPU
                             float32 on the same rows (4 rows x 256 tokens)
 
@@ -97,7 +97,7 @@ def logp_difference(model_dir: Path, device: str, rows: int, tokens: int) -> flo
 
 
 def check(name: str, shape: dict, args, device: str, peak: float, work: Path) -> dict:
-    from grpo.bench import flops_per_step
+    from grpo.commands.bench import flops_per_step
     from grpo.config import build_config
     from grpo.train import train
     model_dir = build(shape, args.vocab, work / name)
@@ -129,7 +129,7 @@ def check(name: str, shape: dict, args, device: str, peak: float, work: Path) ->
         "sampling_tokens_per_s": round(med("tokens/completion") / med("time/sample_s"), 1),
         "update_tokens_per_s": round(med("tokens/completion") / med("time/update_s"), 1),
         "model_flops_per_s": float(f"{flops:.4g}"), "peak_fraction": round(flops / peak, 4),
-        "split_s": {k: round(med(f"time/{k}_s"), 3) for k in ("sample", "reward", "reference", "update")},
+        "split_s": {k: round(med(f"time/{k}_s"), 3) for k in ("sample", "reward", "reference", "advantage", "update")},
         "sec_per_step": round(med("time/step_s"), 3),
         "sampler_logp_diff": round(statistics.mean(m.get("sampler/logp_diff", float("nan"))
                                                    for m in timed), 5),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def bench(model: str, args, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "grpo.cli", "bench", f"model={model}", "task=addition",
+    cmd = [sys.executable, "-m", "grpo.commands.cli", "bench", f"model={model}", "task=addition",
            f"prompts_per_step={args.prompts}", f"group_size={args.group}",
            f"max_new_tokens={args.max_new}", "beta=0.04", "steps=3", "micro_batch_size=64",
            "micro_batch_tokens=2048", *extra]

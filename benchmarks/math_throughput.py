@@ -98,14 +98,14 @@ def adversarial(sizes: list[int], n: int, repeats: int) -> None:
         for size in sizes:                  # (the line above warms the workers' caches, untimed)
             completions = [make(size, k) for k in range(n)]
             assert all(len(c) == size for c in completions), shape
-            faults.take()
             times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                scores = math_accuracy(["q"] * n, completions, answer=["42"] * n)
-                times.append((time.perf_counter() - start) / n)
+            with faults.counting() as counts:
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    scores = math_accuracy(["q"] * n, completions, answer=["42"] * n)
+                    times.append((time.perf_counter() - start) / n)
             assert all(isinstance(x, float) for x in scores), (shape, size, scores)
-            causes.update(name.rsplit("/", 1)[1] for name in faults.take())
+            causes.update(name.rsplit("/", 1)[1] for name in counts.metrics())
             per_answer.append(statistics.median(times))
         # the growth of the time over a 10x growth of the size, between each two sizes
         ratios = [(later / earlier) ** (1 / math.log10(b / a))

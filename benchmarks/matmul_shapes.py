@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from grpo.bench import matmul_peak
+from grpo.commands.bench import matmul_peak
 
 
 def rate(a: torch.Tensor, b: torch.Tensor, repeats: int) -> float:

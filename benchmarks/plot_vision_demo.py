@@ -22,7 +22,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from grpo.tasks.shapes import ShapesTask
+    from grpo.data.tasks.shapes import ShapesTask
 
     run = Path(args.run_dir)
     metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]

@@ -34,7 +34,7 @@ DEMO = ["task=largest", "prompts_per_step=16", "group_size=8", "max_new_tokens=8
 
 
 def grpo(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "grpo.cli", *args], check=True, text=True,
+    return subprocess.run([sys.executable, "-m", "grpo.commands.cli", *args], check=True, text=True,
                           stdout=subprocess.PIPE).stdout
 
 
@@ -63,7 +63,8 @@ def main() -> None:
     rows = build.load_data(config, None).train_rows
     prompts = out / "largest_prompts.jsonl"
     with open(prompts, "w") as f:
-        for row, text in zip(rows, build.prompt_texts(config, load_tokenizer(str(cold)), rows)):
+        for row, text in zip(rows, build.prompt_texts(config, load_tokenizer(str(cold)), rows,
+                                                           build.agent_of(config))):
             f.write(json.dumps({"prompt": text, "answer": row["answer"]}) + "\n")
 
     runs = [one_seed(args, out, cold, prompts, seed) for seed in args.seeds]

@@ -27,11 +27,11 @@ import time
 
 import torch
 
-import grpo.episodes as episodes
+import grpo.sampling.episodes as episodes
 import grpo.sampling as sampling
 from grpo.models import build_tiny
 from grpo.sampling import HFSampler
-from grpo.tools import resolve_tools
+from grpo.agents.tools import resolve_tools
 
 RESULT = "<result>2</result>"
 
@@ -95,7 +95,7 @@ def main() -> None:
                 check = result
     lengths = check.context_mask.sum(-1).tolist()
     assert all(n == total for n in lengths), f"episodes of {set(lengths)} tokens, not {total}"
-    assert check.episodes["turns"] == [args.turns] * args.group
+    assert check.episodes.turns == [args.turns] * args.group
     ms = {k: round(1000 * statistics.median(v[1:]), 1) for k, v in times.items()}
     print(json.dumps({
         "hidden": args.hidden, "layers": args.layers, "group": args.group, "turns": args.turns,

@@ -40,9 +40,9 @@ def main() -> None:
     from grpo.config import build_config
     from grpo.models import build_tiny, load_policy, load_tokenizer
     from grpo.sampling import HFSampler
-    from grpo.tasks import get_task
+    from grpo.data.tasks import get_task
     from grpo.train import train
-    from grpo.vllm_sampler import VLLMSampler
+    from grpo.sampling.vllm import VLLMSampler
 
     work = Path(tempfile.mkdtemp(prefix="vllm-check-"))
     path = str(build_tiny(work / "model", hidden_size=args.hidden, layers=args.layers,

@@ -33,7 +33,7 @@ checkpointing and micro-batches of 1). A run is stopped when its resident memory
 
 Step times are medians over every step but each run's first; memory is each process's peak
 resident set (VmHWM, which unlike ru_maxrss does not inherit the launcher's), median over runs. The float32 matrix-multiply peak is measured here, between
-runs, and model FLOP/s use grpo.bench's estimate over the tokens each library computes: TRL
+runs, and model FLOP/s use grpo.commands.bench's estimate over the tokens each library computes: TRL
 computes every completion's prompt, grpo each group's prompt once.
 Without --trl-python, only grpo's side runs. Results go to --out as JSON and Markdown.
 """
@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.bench import flops_per_step, matmul_peak
+from grpo.commands.bench import flops_per_step, matmul_peak
 
 HERE = Path(__file__).parent
 WORKLOADS = {
@@ -116,7 +116,7 @@ def write_prompts(path: Path, model_dir: Path) -> Path:
     config = load_config(None, [f"model={model_dir}", "task=addition"])
     data = build.load_data(config, None)
     rows = data.train_rows[:2048]
-    texts = build.prompt_texts(config, load_tokenizer(str(model_dir)), rows)
+    texts = build.prompt_texts(config, load_tokenizer(str(model_dir)), rows, build.agent_of(config))
     with open(path, "w") as f:
         for row, text in zip(rows, texts):
             f.write(json.dumps({"prompt": text, "answer": row["answer"]}) + "\n")
@@ -170,7 +170,7 @@ def ours(model: Path, max_new: int, steps: int, threads: int, log: Path, group: 
          prompts: int = PROMPTS, lengths: list[int] | None = None, extra: tuple[str, ...] = (),
          limit_bytes: int = 0, timeout: float = 0) -> dict:
     head = ([sys.executable, str(HERE / "forced_lengths.py"), "--lengths", ",".join(map(str, lengths)), "--"]
-            if lengths else [sys.executable, "-m", "grpo.cli"])
+            if lengths else [sys.executable, "-m", "grpo.commands.cli"])
     return run_json(head + ["bench", f"model={model}", "task=addition",
                             f"prompts_per_step={prompts}", f"group_size={group}",
                             f"max_new_tokens={max_new}", f"beta={BETA}", "num_iterations=1", f"lr={LR}",

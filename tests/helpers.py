@@ -1,7 +1,10 @@
 """Shared test helpers: a hand-built rollout with completions of known lengths."""
 
+import dataclasses
+
 import torch
 
+from grpo.algorithm.loss import LossSettings
 from grpo.rollout import Rollout
 from grpo.update import accumulate_gradients
 from grpo.sampling import completion_lengths, mask_from_lengths
@@ -37,7 +40,10 @@ def make_rollout(tok) -> Rollout:
 def grads_and_stats(policy, rollout, micro_batch_size, **kw):
     """Gradients (by parameter name) and stats of one accumulate_gradients call, from zero."""
     policy.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, **kw)
+    fields = {f.name for f in dataclasses.fields(LossSettings)}
+    loss = LossSettings(**{k: v for k, v in kw.items() if k in fields})
+    stats = accumulate_gradients(policy, rollout, micro_batch_size=micro_batch_size, settings=loss,
+                                 **{k: v for k, v in kw.items() if k not in fields})
     grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
     policy.zero_grad(set_to_none=True)
     return grads, stats

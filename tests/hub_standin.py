@@ -1,7 +1,8 @@
-"""A stand-in for the three endpoints of the Hugging Face Hub API that `HfApi.create_repo` and
-`HfApi.upload_folder` call, served on loopback: repo creation, the pre-upload check (every file
-is sent inline, "regular"), and the commit (NDJSON with each file base64-encoded). It keeps the
-files a commit carries, so a test can compare them with what was uploaded."""
+"""A stand-in for the endpoints of the Hugging Face Hub API that `HfApi.create_repo` and
+`HfApi.upload_folder` call, served on loopback: repo creation, the check of a README.md's YAML
+metadata (accepted; peft writes one beside an adapter), the pre-upload check (every file is sent
+inline, "regular"), and the commit (NDJSON with each file base64-encoded). It keeps the files a
+commit carries, so a test can compare them with what was uploaded."""
 import base64, json, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +28,8 @@ class Hub:
                 if self.path == "/api/repos/create":
                     req = json.loads(body); rid = f"{req.get('organization') or 'user'}/{req['name']}"
                     hub.repos.add(rid); return self._send(200, {"url": f"{hub.url}/{rid}", "name": rid})
+                if self.path == "/api/validate-yaml":
+                    return self._send(200, {"errors": [], "warnings": []})
                 if "/preupload/" in self.path:
                     req = json.loads(body)
                     return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in req["files"]]})

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.advantages import ADVANTAGES, group_normalized, zero_std_fraction
+from grpo.algorithm.advantages import ADVANTAGES, group_normalized, zero_std_fraction
 
 NAN = math.nan
 

@@ -10,7 +10,7 @@ import pytest
 from grpo.rewards import (countdown_equation, exact_answer, faults, final_answer, math_accuracy,
                           think_format)
 from grpo.rewards import answers
-from grpo.tools import Call, resolve_tools, run_call
+from grpo.agents.tools import Call, resolve_tools, run_call
 
 MB = 1_000_000
 
@@ -55,13 +55,13 @@ def test_every_built_in_reward_gives_a_number_in_bounded_time(reward, shape):
 
 
 def test_countdown_counts_why_it_could_not_read_an_equation():
-    faults.take()
     completions = ["<answer>" + "1+" * 150 + "1</answer>", "<answer>3**5</answer>",
                    "<answer>3/(5-5)</answer>", "<answer>(3+5</answer>", "<answer>3+5+2</answer>",
                    "<answer>(3+5)*2</answer>"]
-    scores = countdown_equation(["q"] * 6, completions, numbers=[[3, 5, 2]] * 6, target=[16] * 6)
+    with faults.counting() as counts:
+        scores = countdown_equation(["q"] * 6, completions, numbers=[[3, 5, 2]] * 6, target=[16] * 6)
     assert scores == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert faults.take() == {"reward/countdown_equation/zero/divides_by_zero": 1,
+    assert counts.metrics() == {"reward/countdown_equation/zero/divides_by_zero": 1,
                              "reward/countdown_equation/zero/equation_too_long": 1,
                              "reward/countdown_equation/zero/not_arithmetic": 2}
 
@@ -90,7 +90,7 @@ def test_every_built_in_tool_answers_in_bounded_time(tool, argument):
 
 @pytest.mark.parametrize("parse,opening", [("parse_hermes", "<tool_call>"), ("parse_plain", "<call>")])
 def test_reading_tool_calls_is_linear_in_the_completion(parse, opening):
-    import grpo.tools as tools
+    import grpo.agents.tools as tools
     fn = getattr(tools, parse)
     closing = opening.replace("<", "</")
     # the same calls as a regex finds them
@@ -123,7 +123,7 @@ COLLIDING_SHAPES = {
 @pytest.mark.parametrize("shape", COLLIDING_SHAPES)
 def test_values_whose_keys_share_one_hash_are_refused_where_they_are_rebuilt(shape):
     # the tests' process rebuilds what the program returns, as real sets and dicts
-    from grpo.rewards.harness import decode
+    from grpo.sandbox.harness import decode
     with pytest.raises(ValueError, match="share one hash"):
         decode(COLLIDING_SHAPES[shape])
 
@@ -145,7 +145,7 @@ def test_the_trainer_judges_returned_values_without_rebuilding_them(shape):
 
 def test_judging_a_returned_value_keeps_pythons_equality():
     from grpo.rewards.code import judge_cases, judge_tests, spec_from_row
-    from grpo.rewards.harness import encode
+    from grpo.sandbox.harness import encode
 
     def lit(value, literal):
         spec = spec_from_row({"test_list": [f"assert f() == {literal}"]})

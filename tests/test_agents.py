@@ -8,12 +8,12 @@ from typing import Literal, Optional
 import pytest
 import torch
 
-from grpo.environments import GuessNumber, Step
-from grpo.episodes import EpisodeLimits, sample_episodes
-from grpo.loss import AGGREGATIONS, policy_loss
+from grpo.agents.environments import GuessNumber, Step
+from grpo.sampling.episodes import EpisodeLimits, sample_episodes
+from grpo.algorithm.loss import AGGREGATIONS, policy_loss
 from grpo.models import build_tiny, load_policy, load_tokenizer, token_logprobs
-from grpo.tools import (Call, ToolError, calculator, make_tool, parse_hermes, parse_plain,
-                        resolve_tools, run_call)
+from grpo.agents.tools import (Call, ToolError, calculator, make_tool, parse_hermes, parse_plain,
+                               resolve_tools, run_call)
 
 from bad_tools import boom, sleepy, tower
 
@@ -113,7 +113,7 @@ def test_every_failure_becomes_what_the_model_reads():
 
 
 def test_each_tool_keeps_its_deadline_by_killing_a_process_where_it_can():
-    from grpo.environments import public_methods
+    from grpo.agents.environments import public_methods
     tools = resolve_tools(["calculator", "python", boom])
     assert {name: t.runs for name, t in tools.items()} == \
         {"calculator": "process", "python": "itself", "boom": "process"}
@@ -163,7 +163,7 @@ def test_the_calculator_refuses_a_result_too_large_before_computing_it(expressio
 
 def test_the_python_tools_cap_cuts_the_output_and_keeps_the_result():
     # The cap used to cut the result line itself: "the program could not be run" past ~9 KB.
-    from grpo.tools import python_tool
+    from grpo.agents.tools import python_tool
     python = python_tool(isolate=False)       # a program that only prints; isolation is tested below
     assert python("print('x' * 20000)") == "x" * 8192 + "\n[output cut at 8 KiB]"
     assert python("print('\\x01' * 9000, end='')") == "\x01" * 8192 + "\n[output cut at 8 KiB]"
@@ -179,7 +179,7 @@ def test_the_python_tools_cap_cuts_the_output_and_keeps_the_result():
 
 def test_the_python_tools_timeout_is_a_failed_call_of_kind_timeout():
     # It used to come back as kind "ok", so episode/tool_failure_rate did not count it.
-    from grpo.tools import python_tool
+    from grpo.agents.tools import python_tool
     tools = {"python": make_tool(python_tool(isolate=False), "python")}
     hung = run_call(Call("python", {"code": "while True: pass"}), tools, 1.0)
     assert (hung.failed, hung.kind, hung.text) == (
@@ -191,7 +191,7 @@ def test_the_python_tools_timeout_is_a_failed_call_of_kind_timeout():
 
 
 def test_the_python_tool_runs_in_the_sandbox():
-    from grpo.rewards.sandbox import isolation_level
+    from grpo.sandbox.isolate import isolation_level
     if isolation_level() != "full":
         pytest.skip("needs root for the sandbox")
     python = resolve_tools(["python"])["python"].fn
@@ -249,9 +249,9 @@ def test_episode_ids_are_the_turns_concatenated_and_the_cache_matches_a_fresh_fo
         env_runs = [t for by_policy, t in runs if not by_policy]
         assert env_runs == obs[:len(env_runs)]              # each answer tokenized once, as is
         assert sum(len(t) for _, t in runs) == len(ids)
-        if r.episodes["turns"][i] == 3 and not r.truncated[i]:
-            assert r.episodes["turn_rewards"][i] == [0.5, 1.0, 1.5]
-            assert r.episodes["env_reward"][i] == 3.0
+        if r.episodes.turns[i] == 3 and not r.truncated[i]:
+            assert r.episodes.turn_rewards[i] == [0.5, 1.0, 1.5]
+            assert r.episodes.env_reward[i] == 3.0
             checked += 1
     assert checked >= 1, "no episode ran its three turns; the fixture's model no longer stops"
     logp, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
@@ -271,7 +271,7 @@ def test_a_guess_number_game_depends_on_earlier_guesses():
 
 
 def test_an_environment_whose_reset_fails_names_the_row(talker):
-    from grpo.environments import EnvironmentError_
+    from grpo.agents.environments import EnvironmentError_
     model, tok = talker
 
     class Broken:
@@ -350,7 +350,7 @@ def run_quietly(config):
 @pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "sapo", "gmpo",
                                        "clip_cov", "kl_cov", "reinforce_pp", "reinforce_pp_baseline"])
 def test_every_preset_trains_on_episodes(agent_model_dir, tmp_path, algorithm):
-    from grpo.presets import ALGORITHMS
+    from grpo.config.presets import ALGORITHMS
     assert algorithm in ALGORITHMS
     result = run_quietly(agent_config(agent_model_dir, tmp_path / "run", algorithm=algorithm,
                                       num_iterations=2, turn_rewards=algorithm == "grpo"))
@@ -392,7 +392,7 @@ def test_lora_trains_an_agent(agent_model_dir, tmp_path):
 
 
 def test_explain_shows_the_turns_with_numbers_on_model_tokens_only(agent_model_dir, tmp_path):
-    from grpo.explain import explain_group, render
+    from grpo.commands.explain import explain_group, render
     result = explain_group(agent_config(agent_model_dir, tmp_path, num_iterations=2), row=1)
     episodes = [c for c in result["completions"] if not all(c["by_policy"])]
     assert episodes, "no episode with an answer from the environment"
@@ -406,8 +406,8 @@ def test_explain_shows_the_turns_with_numbers_on_model_tokens_only(agent_model_d
 
 
 def test_the_report_and_eval_of_an_agent_run(agent_model_dir, tmp_path, capsys):
-    from grpo.cli import main
-    from grpo.report import write_report
+    from grpo.commands.cli import main
+    from grpo.run.report import write_report
     run_quietly(agent_config(agent_model_dir, tmp_path / "run", eval_every=2, eval_size=8))
     page = write_report(tmp_path / "run").read_text()
     for panel in ("agent", "agent_shares"):     # turns and calls; tool use, failures, env share
@@ -440,7 +440,7 @@ NO_TOOL_ROLE = ("{%- for m in messages %}{%- if m.role not in ['user', 'assistan
 
 
 def test_hermes_results_go_through_the_chat_template_as_tool_messages(tiny):
-    from grpo.tools import FORMATS, templated
+    from grpo.agents.tools import FORMATS, templated
     _, tok = tiny
     tok = __import__("copy").deepcopy(tok)
     tok.chat_template = QWEN_LIKE
@@ -498,13 +498,13 @@ def test_what_the_model_reads_when_the_environment_fails(talker, tmp_path, monke
                         call_format="plain",
                         limits=EpisodeLimits(max_turns=4, turn_tokens=6, episode_tokens=400,
                                              deadline_s=0.3))
-    full = [c for c, n in zip(r.completions, r.episodes["turns"]) if n == 4]
+    full = [c for c, n in zip(r.completions, r.episodes.turns) if n == 4]
     assert full, "no episode reached its fourth turn; the fixture's model no longer stops"
     for text in full:
         assert "error: the environment failed (RuntimeError: the game broke)" in text
         assert "error: the environment failed (did not answer within 0.3 s)" in text
         assert "error: the environment failed (" in text.split("within 0.3 s)")[1]   # not a step
-    assert all(n == 3 for n, t in zip(r.episodes["env_failures"], r.episodes["turns"]) if t == 4)
+    assert all(n == 3 for n, t in zip(r.episodes.env_failures, r.episodes.turns) if t == 4)
 
 
 class Chatty(Scripted):
@@ -515,7 +515,7 @@ class Chatty(Scripted):
 
 @pytest.mark.parametrize("engine", ["lean decoder", "engine"])
 def test_each_limit_truncates_the_episode(talker, engine):
-    from grpo.episodes import sample_episodes_on_engine
+    from grpo.sampling.episodes import sample_episodes_on_engine
     model, tok = talker
 
     def run(limits, make_env=Chatty):
@@ -524,7 +524,7 @@ def test_each_limit_truncates_the_episode(talker, engine):
             return sample_episodes(model, tok, ["guess 3:"], [{}], 4, make_env=make_env, tools={},
                                    call_format="plain", limits=limits)
 
-        def turns(histories, room, stop):      # the lean sampler's turns, served one by one
+        def turns(histories, room, stop, episodes):      # the lean sampler's turns, served one by one
             out = []
             for h, n in zip(histories, room):
                 ids, logps = [], []
@@ -543,17 +543,17 @@ def test_each_limit_truncates_the_episode(talker, engine):
 
     # out of turns: Chatty is never done, so every episode ends at max_turns, truncated
     r = run(EpisodeLimits(max_turns=2, turn_tokens=8, episode_tokens=500))
-    assert r.truncated.all() and all(t <= 2 for t in r.episodes["turns"])
+    assert r.truncated.all() and all(t <= 2 for t in r.episodes.turns)
     # out of episode tokens: 30-character answers spend a 40-token budget in the second turn
     r = run(EpisodeLimits(max_turns=6, turn_tokens=8, episode_tokens=40))
     assert r.truncated.all() and int(r.context_mask.sum(-1).max()) <= 40
     # a turn cut at turn_tokens that nothing answers (no environment, no call): a 1-token turn
     # cannot end with EOS after a digit, so the episode ends there, truncated
     r = run(EpisodeLimits(max_turns=6, turn_tokens=1, episode_tokens=500), make_env=None)
-    assert r.truncated.any() and all(t == 1 for t, cut in zip(r.episodes["turns"], r.truncated) if cut)
+    assert r.truncated.any() and all(t == 1 for t, cut in zip(r.episodes.turns, r.truncated) if cut)
     # the cut turn is a turn of its own: it has a reward entry (None: no environment saw it), so
     # turn_rewards credits the outcome to it and not to the turn before
-    for ends, given, cut in zip(r.episodes["turn_ends"], r.episodes["turn_rewards"], r.truncated):
+    for ends, given, cut in zip(r.episodes.turn_ends, r.episodes.turn_rewards, r.truncated):
         assert len(given) == len(ends)
         if cut:
             assert given == [None]
@@ -563,7 +563,7 @@ def test_each_limit_truncates_the_episode(talker, engine):
 def test_a_turn_cut_at_turn_tokens_is_answered_and_the_episode_goes_on(talker, engine):
     # A turn cut at turn_tokens used to end the whole episode; the turn ends, the environment
     # answers it and the episode continues (Scripted is done after its third step).
-    from grpo.episodes import sample_episodes_on_engine
+    from grpo.sampling.episodes import sample_episodes_on_engine
     model, tok = talker
     seen: list[str] = []
 
@@ -578,7 +578,7 @@ def test_a_turn_cut_at_turn_tokens_is_answered_and_the_episode_goes_on(talker, e
         r = sample_episodes(model, tok, ["guess 3:"], [{}], 2, make_env=Recording, tools={},
                             call_format="plain", limits=limits)
     else:
-        def turns(histories, room, stop):        # one greedy token a turn: never EOS after a digit
+        def turns(histories, room, stop, episodes):        # one greedy token a turn: never EOS after a digit
             out = []
             for h, n in zip(histories, room):
                 logits = model(torch.tensor([h])).logits[0, -1]
@@ -588,8 +588,8 @@ def test_a_turn_cut_at_turn_tokens_is_answered_and_the_episode_goes_on(talker, e
             return out
         r = sample_episodes_on_engine(turns, tok, ["guess 3:"], [{}], 2, make_env=Recording,
                                       tools={}, call_format="plain", limits=limits, temperature=1.0)
-    assert r.episodes["turns"] == [3, 3] and not r.truncated.any()
-    assert r.episodes["turn_rewards"] == [[0.5, 1.0, 1.5]] * 2
+    assert r.episodes.turns == [3, 3] and not r.truncated.any()
+    assert r.episodes.turn_rewards == [[0.5, 1.0, 1.5]] * 2
     assert len(seen) == 6 and all(len(tok(a, add_special_tokens=False).input_ids) <= 1 for a in seen)
 
 
@@ -604,12 +604,20 @@ def hand_episodes(turn_ends, turn_rewards, truncated, T):
         completion_ids=torch.zeros(n, T, dtype=torch.long),
         completion_mask=torch.tensor([[1, 1, 0, 0, 1, 1]] * n), sampler_logprobs=torch.zeros(n, T),
         truncated=torch.tensor(truncated), context_mask=torch.ones(n, T, dtype=torch.long),
-        episodes={"turn_ends": turn_ends, "turn_rewards": turn_rewards,
-                  "env_reward": [sum(g) if g else None for g in given]})
+        episodes=some_episodes(n, turn_ends=turn_ends, turn_rewards=turn_rewards,
+                               env_reward=[sum(g) if g else None for g in given]))
+
+
+def some_episodes(n: int, **given):
+    """Episodes of n rows with `given` fields, the others empty."""
+    from grpo.rollout import Episodes
+    empty = dict(turns=[0] * n, turn_ends=[[]] * n, turn_rewards=[[]] * n, env_reward=[None] * n,
+                 tool_calls=[0] * n, tool_failures=[0] * n, env_failures=[0] * n, spans=[[]] * n)
+    return Episodes(**{**empty, **given})
 
 
 def test_the_cut_turn_of_a_truncated_episode_gets_its_own_advantage():
-    from grpo.train import turn_advantages
+    from grpo.step import turn_advantages
     # Two episodes of one group, tokens [p p e e p p] (policy, environment), turns ending at 1 and 5.
     # Episode 0 ends its second turn; the environment gave 0.5 and 1.0; the reward functions give 1.0,
     #   so its reward is 1.0 + 1.5 = 2.5 and its turns are [0.5, 1.0 + (2.5 - 1.5)] = [0.5, 2.0].
@@ -647,12 +655,10 @@ def test_tools_and_an_environment_given_from_python(agent_model_dir, tmp_path):
                            "max_new_tokens": 12, "prompts_per_step": 2, "group_size": 4, "steps": 1,
                            "sft_steps": 0, "eval_every": 0, "threads": 1,
                            "output_dir": str(tmp_path / "run")})
-    from grpo.build import agent_of
     result = train(config, tools=[word_count], environment=GuessNumber, log=lambda line: None)
     assert "episode/turns_mean" in result.history[-1]
-    agent = agent_of(config)                  # what the run's sampler and prompts were built from
-    assert sorted(agent.tools) == ["calculator", "word_count"] and agent.make_env is GuessNumber
     sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    # the prompts show the task's tool, the tool given from Python and the given environment's
     assert "word_count(text)" in sample["prompt"] and "calculator(expression)" in sample["prompt"]
 
 
@@ -660,7 +666,7 @@ def test_the_overlong_penalty_counts_the_episodes_tokens_against_episode_tokens(
     from grpo.build import Agent, Data
     from grpo.config import build_config
     from grpo.rollout import Rollout
-    from grpo.train import score_rollout
+    from grpo.pipeline.inline import score_rollout
     # episode_tokens 30, overlong_buffer 0.2: buffer round(0.2 * 30) = 6 tokens, free up to 24.
     # Three episodes, each with 5 policy tokens, of 30, 27 and 20 tokens after the prompt:
     #   30 -> (24 - 30) / 6 = -1.0 (cut at the budget);  27 -> (24 - 27) / 6 = -0.5;  20 -> 0.
@@ -674,7 +680,7 @@ def test_the_overlong_penalty_counts_the_episodes_tokens_against_episode_tokens(
                 prompt_mask=torch.ones(3, 1, dtype=torch.long),
                 completion_ids=torch.zeros(3, T, dtype=torch.long), completion_mask=policy,
                 sampler_logprobs=torch.zeros(3, T), truncated=torch.tensor([True, False, False]),
-                context_mask=context, episodes={"env_reward": [None] * 3})
+                context_mask=context, episodes=some_episodes(3))
     agent = Agent(tools={}, make_env=None, call_format="plain",
                   limits=EpisodeLimits(max_turns=3, turn_tokens=5, episode_tokens=30))
     data = Data(train_rows=[], eval_rows=[], reward_fns=[lambda prompts, completions: [1.0] * 3],

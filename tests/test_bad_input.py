@@ -109,10 +109,15 @@ def long_dataset(tmp_path):
 
 
 def test_a_prompt_longer_than_the_context_is_an_error_naming_the_row(done_run, tiny_model_dir, tmp_path):
+    # a new run: resuming the finished run on this dataset is refused earlier, as other data
+    # than its checkpoint's (test_resume.py::test_a_resume_on_changed_data_is_refused_...)
     path = long_dataset(tmp_path)
-    resume_with(done_run, tiny_model_dir, DataError,
-                f"{path} row 2: the prompt has 60[0-9] tokens; with max_new_tokens=4 it exceeds the "
-                "model's context of 512.*long_prompts=skip", dataset=str(path))
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match=f"{path} row 2: the prompt has 60[0-9] tokens; with "
+                       "max_new_tokens=4 it exceeds the model's context of 512.*long_prompts=skip"):
+        train(build_config({**BASE, "model": str(tiny_model_dir), "steps": 2, "dataset": str(path),
+                            "output_dir": str(run)}), log=lambda line: None)
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
 
 
 def test_long_prompts_skip_leaves_them_out_and_counts_them(tiny_model_dir, tmp_path):
@@ -164,7 +169,7 @@ def test_a_failing_reward_function_is_named(done_run, tiny_model_dir, tmp_path, 
 ])
 def test_a_bad_config_is_one_line_and_touches_nothing(done_run, tiny_model_dir, tmp_path, capsys,
                                                       file_text, args, message):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     (tmp_path / "bad.yaml").write_text(file_text)
     before = snapshot(done_run)
     status = main(["train", str(tmp_path / "bad.yaml"), f"model={tiny_model_dir}",

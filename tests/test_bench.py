@@ -1,6 +1,6 @@
 """grpo bench's FLOP estimate, by hand."""
 
-from grpo.bench import flops_per_step, summarize
+from grpo.commands.bench import flops_per_step, summarize
 
 
 def test_flops_per_step_counts_each_pass():
@@ -39,4 +39,5 @@ def test_the_gpu_check_runs_its_smoke_mode_on_a_cpu(tmp_path):
         assert smoke[key] > 0, key
     assert 0 < smoke["logp_max_abs_diff"] < 0.1      # bfloat16 autocast against float32
     assert smoke["completion_len_mean"] > 8 and set(smoke["split_s"]) == {"sample", "reward",
-                                                                           "reference", "update"}
+                                                                           "reference", "advantage",
+                                                                           "update"}

@@ -12,7 +12,7 @@ from grpo.build import load_data
 from grpo.config import build_config
 from grpo.data import DataError, format_prompt, load_rows
 from grpo.models import build_tiny_tokenizer
-from grpo.passk import majority_vote, pass_at_k, summarize
+from grpo.algorithm.passk import majority_vote, pass_at_k, summarize
 
 DATA = Path(__file__).parent / "data"
 
@@ -135,7 +135,7 @@ def test_conversational_prompts_without_a_template_are_refused_never_stringified
     with pytest.raises(DataError, match="chat_template=none"):
         format_prompt(chat_tokenizer(), rows[0]["prompt"], "none")
     # through the command, the error names the file and the row
-    done = subprocess.run([sys.executable, "-m", "grpo.cli", "train", f"dataset={DATA / 'chat.jsonl'}",
+    done = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "train", f"dataset={DATA / 'chat.jsonl'}",
                            "sft_steps=0", "steps=1", f"output_dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
@@ -177,7 +177,7 @@ def test_an_unknown_configuration_or_split_is_named():
 
 def test_grpo_eval_reports_pass_at_k_and_writes_every_row(tmp_path):
     out = tmp_path / "rows.jsonl"
-    done = subprocess.run([sys.executable, "-m", "grpo.cli", "eval", "eval_size=6", "eval_samples=4",
+    done = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "eval", "eval_size=6", "eval_samples=4",
                            "eval_k=[1,2,4]", "eval_temperature=0.8", f"eval_output={out}",
                            f"output_dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, timeout=300)
@@ -194,7 +194,7 @@ def test_grpo_eval_reports_pass_at_k_and_writes_every_row(tmp_path):
 
 
 def test_eval_help_shows_the_column_and_sampling_keys():
-    done = subprocess.run([sys.executable, "-m", "grpo.cli", "eval", "--help"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "eval", "--help"], capture_output=True,
                           text=True, timeout=120)
     for key in ["prompt_column=", "answer_column=", "tests_column=", "entry_point_column=",
                 "dataset_config=", "eval_samples=", "eval_k=", "eval_temperature="]:

@@ -6,7 +6,7 @@ import sys
 
 
 def grpo(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "grpo.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "grpo.commands.cli", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=300)
 
 
@@ -125,6 +125,7 @@ def bad_inputs(tmp_path):
     (tmp_path / "not_a_run").mkdir()
     return {
         "train": (["run.yaml"], "unknown config key 'learning_rat'"),
+        "launch": (["run.yaml", "--nproc-per-node", "2"], "unknown config key 'learning_rat'"),
         "sft": ([f"dataset={data}", "sft_steps=5", "output_dir=out"], "no 'completion' column"),
         "eval": (["model=no_such_model_dir", "eval_size=4"], "config key 'model'"),
         "score": ([f"dataset={data}"], "no completion column"),
@@ -135,7 +136,7 @@ def bad_inputs(tmp_path):
 
 
 def test_every_command_exits_2_with_one_line_on_a_users_mistake(tmp_path, monkeypatch, capsys):
-    from grpo.cli import COMMANDS, main
+    from grpo.commands.cli import COMMANDS, main
     monkeypatch.chdir(tmp_path)
     cases = bad_inputs(tmp_path)
     assert set(cases) == set(COMMANDS)       # a new command gets a case here
@@ -148,7 +149,7 @@ def test_every_command_exits_2_with_one_line_on_a_users_mistake(tmp_path, monkey
 
 
 def test_usage_mistakes_exit_2_naming_the_options(tmp_path, monkeypatch, capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     monkeypatch.chdir(tmp_path)
     for argv, named in [(["explain", "--row"], "--row needs a value: --row N"),
                         (["explain", "--row", "two"], "--row expects a row number"),
@@ -164,7 +165,7 @@ def test_usage_mistakes_exit_2_naming_the_options(tmp_path, monkeypatch, capsys)
 
 
 def test_each_commands_help_lists_its_own_options_and_keys(capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     helps = {}
     for command in ("train", "sft", "eval", "score", "bench", "explain", "report"):
         assert main([command, "--help"]) == 0
@@ -219,15 +220,15 @@ def test_no_install_line_names_the_other_grpo_on_the_package_index():
 
 
 def test_a_missing_optional_package_names_what_installs_it():
-    from grpo.tracking import INSTALL
-    from grpo.vllm_sampler import VLLMUnavailable  # noqa: F401  (the module imports without vLLM)
+    from grpo.run.tracking import INSTALL
+    from grpo.sampling.vllm import VLLMUnavailable  # noqa: F401  (the module imports without vLLM)
     assert INSTALL["wandb"] == "'wandb>=0.19' (in a clone of grpo: pip install -e '.[wandb]')"
     assert INSTALL["mlflow"].endswith("(in a clone of grpo: pip install -e '.[mlflow]')")
 
 
 def test_help_lists_every_built_in_task_from_the_task_table():
     from grpo.config import field_docs
-    from grpo.tasks import TASKS
+    from grpo.data.tasks import TASKS
     out = grpo("train", "--help").stdout
     (line,) = [line for line in out.splitlines() if line.strip().startswith("tasks:")]
     assert line.split(":", 1)[1].replace(" ", "").split(",") == list(TASKS)     # shapes too

@@ -12,8 +12,8 @@ from grpo.rewards import CodeTests, code_tests
 from grpo.rewards.code import (AssertRewriter, CodeTestsError, apps_output, apps_value,
                                codecontests_output, exact_output, exact_value,
                                livecodebench_output, livecodebench_value, spec_from_row)
-from grpo.rewards.harness import NotPlain, decode, encode
-from grpo.rewards.sandbox import Limits, isolation_level
+from grpo.sandbox.harness import NotPlain, decode, encode
+from grpo.sandbox.isolate import Limits, isolation_level
 
 DATA = Path(__file__).parent / "data" / "code"
 needs_sandbox = pytest.mark.skipif(isolation_level() != "full",
@@ -686,7 +686,7 @@ def test_two_trainer_processes_never_share_a_sandbox_user(tmp_path):
     import sys
     script = tmp_path / "rank.py"
     script.write_text(
-        "import sys, time\nfrom grpo.rewards import CodeTests\nfrom grpo.rewards.sandbox import Limits\n"
+        "import sys, time\nfrom grpo.rewards import CodeTests\nfrom grpo.sandbox.isolate import Limits\n"
         "row = {'entry_point': 'add', 'test': 'def check(candidate):\\n    assert candidate(1, 2) == 3\\n'}\n"
         "slow = 'import time\\ndef add(a, b):\\n    time.sleep(1.2)\\n    return a + b\\n'\n"
         "fast = 'def add(a, b):\\n    return a + b\\n'\n"
@@ -789,19 +789,20 @@ def test_a_completion_cannot_make_code_tests_raise_or_stall(reward, fmt, name):
 @needs_sandbox
 def test_each_zero_the_program_caused_is_counted_by_cause(reward):
     from grpo.rewards import faults
-    faults.take()
     row = rows("humaneval")[0]
     hang = row["prompt"] + "    while True:\n        pass\n"
     forged = CROSS_PROCESS_ATTACKS["a reply the program's server forges (a malformed Fraction)"]
-    assert score(reward, row, fenced(hang)) == 0.0
-    killer = row["prompt"] + "    import os\n    os.kill(os.getppid(), 9)\n"    # no result line
-    assert score(reward, row, fenced(killer)) == 0.0
-    assert score(reward, forged[0], fenced(forged[2]), prompt="") == 0.0      # a malformed value
-    assert score(reward, row, fenced(humaneval_solution(row))) == 1.0
-    assert faults.take() == {"reward/code_tests/zero/no_result": 1,
-                             "reward/code_tests/zero/rejected": 1,
-                             "reward/code_tests/zero/timeout": 1}
-    assert faults.take() == {}
+    with faults.counting() as counts:   # counted in the reward's pool threads, into this scope
+        assert score(reward, row, fenced(hang)) == 0.0
+        killer = row["prompt"] + "    import os\n    os.kill(os.getppid(), 9)\n"    # no result line
+        assert score(reward, row, fenced(killer)) == 0.0
+        assert score(reward, forged[0], fenced(forged[2]), prompt="") == 0.0      # a malformed value
+        with faults.counting() as inner:
+            assert score(reward, row, fenced(humaneval_solution(row))) == 1.0
+    assert counts.metrics() == {"reward/code_tests/zero/no_result": 1,
+                                "reward/code_tests/zero/rejected": 1,
+                                "reward/code_tests/zero/timeout": 1}
+    assert inner.metrics() == {}
 
 
 # ---- Output past the cap, and functions named like standard-library modules --------------------
@@ -819,10 +820,10 @@ def test_output_that_hit_the_cap_fails(reward, name):
     right = "print(2 * int(input()))\n"
     assert score(reward, row, right, prompt="") == 1.0
     from grpo.rewards import faults
-    faults.take()
-    assert score(reward, row, right + "print('\\n' * 200_000)\nprint(5)\n", prompt="") == 0.0
-    assert score(reward, row, right + "print(' ' * 200_000)\n", prompt="") == 0.0
-    assert faults.take() == {"reward/code_tests/zero/output_too_long": 2}
+    with faults.counting() as counts:
+        assert score(reward, row, right + "print('\\n' * 200_000)\nprint(5)\n", prompt="") == 0.0
+        assert score(reward, row, right + "print(' ' * 200_000)\n", prompt="") == 0.0
+    assert counts.metrics() == {"reward/code_tests/zero/output_too_long": 2}
 
 
 # HumanEval's check(candidate) and MBPP's asserts calling a function whose name is also a module

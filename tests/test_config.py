@@ -93,7 +93,7 @@ def test_the_config_reference_in_docs_is_current():
 
 def test_the_config_reference_refuses_a_key_without_documentation(monkeypatch):
     import dataclasses
-    from grpo import config as config_module
+    from grpo.config import load
 
     @dataclasses.dataclass(frozen=True)
     class ExtraConfig:
@@ -101,9 +101,9 @@ def test_the_config_reference_refuses_a_key_without_documentation(monkeypatch):
         """This one has its docstring."""
         forgotten: int = 2
 
-    monkeypatch.setattr(config_module, "SECTIONS", (*config_module.SECTIONS, ExtraConfig))
+    monkeypatch.setattr(load, "SECTIONS", (*load.SECTIONS, ExtraConfig))
     with pytest.raises(ValueError, match="config key 'forgotten' \\(ExtraConfig\\) has no docstring"):
-        config_module.reference_markdown()
+        load.reference_markdown()
 
 
 def test_k1_as_a_loss_term_is_refused_naming_what_to_use_instead():
@@ -302,3 +302,60 @@ def test_the_kl_cov_preset_sets_the_second_update_its_term_needs():
     c1 = build_config({"algorithm": "kl_cov", "num_iterations": 1})
     check_selection(c1, notes.append)
     assert c1.optim.num_iterations == 1 and any("num_iterations=1" in n for n in notes)
+
+
+# One hand-made config per rule of config.RULES that breaks that rule and no earlier one.
+BREAKS_ONE_RULE = {
+    "mixed_precision_choice": {"mixed_precision": "fp16"},
+    "bf16_needs_float32": {"mixed_precision": "bf16", "dtype": "bfloat16"},
+    "tool_format_choice": {"tool_format": "xml"},
+    "eval_k_within_samples": {"eval_k": [4], "eval_samples": 2},
+    "lr_schedule_choice": {"lr_schedule": "linear"},
+    "chat_template_kind": {"chat_template": "no-such-template.jinja"},
+    "push_to_hub_repo_id": {"push_to_hub": "not a repo"},
+    "no_empty_stop": {"stop": ["</answer>", ""]},
+    "own_sampler_keys_need_hf": {"top_k": 5, "sampler": "vllm"},
+    "own_sampler_keys_single_turn": {"min_p": 0.1, "tools": ["calculator"]},
+    "long_prompts_choice": {"long_prompts": "truncate"},
+    "dtype_choice": {"dtype": "int8"},
+    "k1_not_a_loss_term": {"kl_estimator": "k1", "beta": 0.04},
+    "clip_cov_band": {"clip_cov_low": 6.0},
+    "reinforce_pp_or_turn_rewards": {"advantage": "reinforce_pp", "turn_rewards": True},
+    "gmpo_one_advantage_per_completion": {"loss_type": "gmpo", "advantage": "reinforce_pp_baseline",
+                                          "kl_in_reward": True},
+    "correction_choice": {"correction": "vtrace"},
+    "correction_cap_low_needs_a_mask": {"correction": "tis", "correction_cap_low": 0.5},
+    "tis_cap_or_correction": {"tis_cap": 2.0, "correction": "icepop"},
+    "proximal_choice": {"proximal": "latest"},
+    "async_correction_needs_decoupled": {"async_steps": 1, "correction": "tis"},
+    "async_tis_cap_needs_decoupled": {"async_steps": 1, "tis_cap": 2.0},
+    "sampler_choice": {"sampler": "sglang"},
+    "vllm_server_needs_url": {"sampler": "vllm_server"},
+    "vllm_server_is_synchronous": {"sampler": "vllm_server", "vllm_url": "http://127.0.0.1:8000",
+                                   "async_steps": 1},
+    "parallel_choice": {"parallel": "tp"},
+    "unscorable_choice": {"unscorable": "none"},
+    "reward_on_error_choice": {"reward_on_error": "ignore"},
+    "one_weight_per_reward": {"rewards": ["think_format"], "reward_weights": [1.0, 0.5]},
+}
+
+
+def test_the_rules_are_one_table_of_uniquely_named_checks_each_with_a_case_here():
+    from grpo.config import RULES
+    names = [rule.name for rule in RULES]
+    assert len(names) == len(set(names)) and all(name.isidentifier() for name in names)
+    assert list(BREAKS_ONE_RULE) == names          # in table order, one case each
+    defaults = build_config({}).flat()
+    assert [rule.name for rule in RULES if rule.check(defaults) is not None] == []
+
+
+@pytest.mark.parametrize("name", list(BREAKS_ONE_RULE))
+def test_each_rule_fires_for_its_bad_config_and_is_the_error(name):
+    from grpo.config import RULES
+    values = BREAKS_ONE_RULE[name]
+    flat = {**build_config({}).flat(), **values}
+    failed = [(rule.name, message) for rule in RULES if (message := rule.check(flat)) is not None]
+    assert failed and failed[0][0] == name, failed
+    with pytest.raises(ConfigError) as e:
+        build_config(values)
+    assert str(e.value) == failed[0][1]

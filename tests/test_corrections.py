@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from grpo.loss import CORRECTIONS, policy_loss
+from grpo.algorithm.loss import CORRECTIONS, policy_loss
 
 RHO = [[0.6, 1.5, 4.0, 1.0], [0.4, 3.0, 1.0, 1.0], [0.1, 0.2, 1.0, 1.0]]
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
@@ -98,7 +98,8 @@ def test_a_lower_threshold_of_0_is_each_methods_own(name):
 def test_a_verl_band_carries_over_from_the_config():
     from types import SimpleNamespace
     from grpo.config import ConfigError, build_config
-    from grpo.train import correction_of, off_policy_weights
+    from grpo.config.plan import correction_of
+    from grpo.step import off_policy_weights
     c = build_config({"correction": "icepop", "correction_cap": 5, "correction_cap_low": 0.5})
     assert correction_of(c) == ("icepop", 5.0, 0.5)
     rollout = SimpleNamespace(completion_mask=MASK, old_logprobs=LOG_RHO,

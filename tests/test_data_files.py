@@ -83,7 +83,7 @@ def test_an_unreachable_hub_name_fails_in_one_line_at_once(monkeypatch):
 def test_an_unknown_name_offline_fails_in_one_line_at_once(tmp_path):
     # conftest sets HF_HUB_OFFLINE=1; the command line turns the error into exit 2
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "grpo.cli", "train", "dataset=someone/no-such-dataset",
+    done = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "train", "dataset=someone/no-such-dataset",
                            f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert time.monotonic() - started < 60

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.decoder import Decoder, supports
+from grpo.models.decoder import Decoder, supports
 from grpo.models import build_tiny, load_policy
 
 
@@ -126,13 +126,13 @@ class AttentionCalls:
     """Records the mask of every attention call the decoder makes."""
 
     def __init__(self, monkeypatch):
-        import grpo.decoder
-        self.masks, real = [], grpo.decoder.F.scaled_dot_product_attention
+        import grpo.models.decoder
+        self.masks, real = [], grpo.models.decoder.F.scaled_dot_product_attention
 
         def record(q, k, v, attn_mask=None, **kw):
             self.masks.append(attn_mask)
             return real(q, k, v, attn_mask=attn_mask, **kw)
-        monkeypatch.setattr(grpo.decoder.F, "scaled_dot_product_attention", record)
+        monkeypatch.setattr(grpo.models.decoder.F, "scaled_dot_product_attention", record)
 
 
 def test_left_and_right_padded_rows_need_no_mask_and_match_hugging_face(model, monkeypatch):

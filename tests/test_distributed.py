@@ -45,9 +45,11 @@ def torchrun(n: int) -> list[str]:
             f"--master-port={free_port()}", "-m", "grpo", "train"]
 
 
-def compare_runs(one, two, tiny_model_dir) -> tuple[dict, dict]:
-    """Metrics equal up to summation order; returns the two final weights."""
-    a_rows, b_rows = metrics(one), metrics(two)
+def compare_runs(one, two, tiny_model_dir, two_only: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """Metrics equal up to summation order (`two_only`: keys only processes that share logged,
+    left out); returns the two final weights."""
+    a_rows = metrics(one)
+    b_rows = [{k: v for k, v in m.items() if k not in two_only} for m in metrics(two)]
     assert len(a_rows) == len(b_rows) == 3
     for a, b in zip(a_rows, b_rows):
         assert a.keys() == b.keys()
@@ -187,8 +189,8 @@ def test_a_vision_language_model_in_two_processes_with_ddp_and_fsdp_equals_one(t
     """Image prompts: one process with the whole batch, two under DDP and two under FSDP2 (the
     projector its own unit, the frozen tower gathered with the root before the features)."""
     import random
-    from grpo.tasks.shapes import draw
-    from grpo.vision.tiny import build_tiny_vlm
+    from grpo.data.tasks.shapes import draw
+    from grpo.models.tiny_vision import build_tiny_vlm
     model_dir = build_tiny_vlm(tmp_path / "vlm", hidden_size=64, layers=2, vision_hidden=32, vision_layers=1)
     (tmp_path / "pics").mkdir()
     lines = []
@@ -206,6 +208,101 @@ def test_a_vision_language_model_in_two_processes_with_ddp_and_fsdp_equals_one(t
         p1, p2 = compare_runs(tmp_path / "one", tmp_path / two, model_dir)
         for k in p1:
             torch.testing.assert_close(p1[k], p2[k], rtol=0, atol=1e-5, msg=(two, k))
+
+
+def run_to_its_end(cmd: list[str], tmp_path, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """`cmd` run to its end; one that is still running after `timeout` seconds (a process waiting
+    for another that has stopped) fails the test, its whole process group killed."""
+    import signal
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout} s: {err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_a_failed_upload_on_rank_0_ends_a_two_process_run_with_its_one_line_error(tiny_model_dir,
+                                                                                  tmp_path):
+    """push_to_hub to a hub that refuses the connection: rank 0 uploads after the run, alone, and
+    fails. The other process has passed the run's last barrier and ended well, so nothing waits
+    for rank 0: the run ends with rank 0's one-line error, its files saved. (Rank 1 used to wait
+    at a barrier for rank 0 until torchrun stopped it, on one machine, with SIGTERM and a line of
+    its own; on another machine, until the collective's timeout.)"""
+    env = {"HF_HUB_OFFLINE": "0", "HF_TOKEN": "hf_test", "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    args = [f"model={tiny_model_dir}", *[a for a in ARGS if not a.startswith("steps=")], "steps=1",
+            "push_to_hub=someone/tiny-grpo", f"output_dir={tmp_path / 'run'}"]
+    done = run_to_its_end([*torchrun(2), *args], tmp_path, env, timeout=240)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("grpo train: error")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert errors[0].startswith(f"grpo train: error: push_to_hub: {tmp_path / 'run' / 'final'} "
+                                "could not be uploaded to someone/tiny-grpo: ")
+    assert "<NO_OTHER_FAILURES>" in done.stderr, done.stderr[-3000:]   # torchrun: rank 1 ended well
+    assert "SIGTERM" not in done.stderr
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "report.html").is_file()
+
+
+MACHINE_OF_ITS_OWN = """
+import os, sys
+from grpo.commands.cli import main
+
+# each process writes to and reads from its own directory, as on machines without a shared disk
+sys.exit(main(["train", *sys.argv[2:], f"output_dir={sys.argv[1]}/machine-{os.environ['RANK']}/run"]))
+"""
+
+
+def test_processes_that_do_not_share_output_dir_stop_in_one_line(tiny_model_dir, tmp_path):
+    """Two processes that each see their own output_dir, as machines without a shared file system
+    do. model=tiny: rank 0 builds the model in output_dir/base_model for every process to read,
+    and process 1 does not see it (it failed to load it, and rank 0 died on the closed
+    connection). resume: process 1 finds no checkpoint where rank 0 finds step 1 (it started
+    from step 0 beside rank 0 at step 2). Each stops every process before training, in the same
+    one line, naming what process 1 does not see."""
+    (tmp_path / "machine.py").write_text(MACHINE_OF_ITS_OWN)
+
+    def command(*more):
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                f"--master-port={free_port()}", str(tmp_path / "machine.py"), str(tmp_path),
+                *[a for a in ARGS if not a.startswith("steps=")], *more]
+
+    def errors(done) -> set[str]:
+        assert done.returncode != 0
+        assert "[rank" not in done.stderr, done.stderr[-3000:]      # no process's traceback
+        return {line for line in done.stderr.splitlines() if line.startswith("grpo train: error")}
+
+    tiny = run_to_its_end(command("model=tiny", "steps=1"), tmp_path, {}, timeout=300)
+    assert errors(tiny) == {f"grpo train: error: config key 'model': process 1 does not see "
+                            f"{tmp_path / 'machine-1' / 'run' / 'base_model'}, where process 0 "
+                            "built the tiny model: under torchrun on several machines, output_dir "
+                            "must be on a file system they share"}, repr(tiny.stderr[-3000:])
+    shutil.rmtree(tmp_path / "machine-0")
+    first = run_to_its_end(command(f"model={tiny_model_dir}", "steps=1"), tmp_path, {}, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "machine-0" / "run"
+    assert not (tmp_path / "machine-1").exists()                  # only rank 0 writes
+    resumed = run_to_its_end(command(f"model={tiny_model_dir}", "steps=2", "resume=auto"), tmp_path,
+                             {}, timeout=300)
+    assert errors(resumed) == {
+        f"grpo train: error: config key 'resume': process 0 continues from "
+        f"{run_dir / 'checkpoints' / 'step-1'}, process 1 from none (step 0): every process reads "
+        "the checkpoint, so on several machines output_dir must be on a file system they share"}, \
+        repr(resumed.stderr[-3000:])
+    assert [m["step"] for m in metrics(run_dir)] == [1]           # nothing trained
+
+
+def test_a_process_that_does_not_see_the_tiny_model_is_named():
+    from grpo.build import unseen_model
+    assert unseen_model([("/runs/a/base_model", True), ("/runs/a/base_model", True)]) is None
+    assert unseen_model([("/a/base_model", True), ("/b/base_model", True), ("/c/base_model", False)]) \
+        == ("config key 'model': process 2 does not see /c/base_model, where process 0 built the "
+            "tiny model: under torchrun on several machines, output_dir must be on a file system "
+            "they share")
 
 
 def test_the_readmes_torchrun_command_runs_as_written_with_the_default_model(tmp_path):
@@ -246,6 +343,29 @@ def test_dapo_with_dynamic_sampling_in_two_processes_equals_one(tiny_model_dir, 
     two = metrics(tmp_path / "two")
     assert sum(m["sampling/dropped_groups"] for m in two) > 0
     assert sum(m["sampling/extra_rounds"] for m in two) > 0
-    p1, p2 = compare_runs(tmp_path / "one", tmp_path / "two", tiny_model_dir)
+    assert [m["sampling/unshared_groups"] for m in two] == [0, 0, 0]   # the step was filled
+    p1, p2 = compare_runs(tmp_path / "one", tmp_path / "two", tiny_model_dir,
+                          two_only=("sampling/unshared_groups",))
     diff = torch.cat([(p1[k] - p2[k]).abs().flatten() for k in p1])
     assert diff.max().item() < 1e-5
+
+
+def test_dapo_groups_two_processes_cannot_share_are_counted_apart_from_dropped_ones(tiny_model_dir,
+                                                                                  tmp_path):
+    """With no extra round a step keeps 4 - dropped groups; where that is odd, two processes leave
+    one out so that their shares are equal. `sampling/dropped_groups` still counts the groups
+    without contrast, as one process does; the one left out is `sampling/unshared_groups`. The
+    round's gather is timed apart from the rewards."""
+    (tmp_path / "flat.py").write_text(SOME_GROUPS_FLAT)
+    args = [f"model={tiny_model_dir}", "algorithm=dapo", "max_sampling_rounds=0",
+            "rewards=[flat:some_flat]", *ARGS]
+    run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run([*torchrun(2), *args, f"output_dir={tmp_path / 'two'}"], tmp_path)
+    one = [json.loads(line) for line in open(tmp_path / "one" / "metrics.jsonl")]
+    two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]
+    dropped = [m["sampling/dropped_groups"] for m in one]
+    assert [m["sampling/dropped_groups"] for m in two] == dropped
+    assert [m["sampling/unshared_groups"] for m in two] == [(4 - d) % 2 for d in dropped]
+    assert any(d % 2 for d in dropped)       # the case this test is for happened
+    assert "sampling/unshared_groups" not in one[0] and "time/gather_s" not in one[0]
+    assert all(m["time/gather_s"] >= 0 for m in two)

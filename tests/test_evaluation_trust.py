@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.cli import main
+from grpo.commands.cli import main
 
 
 def write_jsonl(path, rows):
@@ -310,7 +310,7 @@ def test_pass_at_k_and_maj_at_k_only_for_a_reward_of_0_or_1(tiny_model_dir, tmp_
 
 
 def test_summarize_leaves_out_pass_at_k_for_scores_other_than_0_and_1():
-    from grpo.passk import summarize
+    from grpo.algorithm.passk import summarize
     rows = [{"scores": [1.0, 0.5], "answers": ["4", "4"]}, {"scores": [0.0, None], "answers": ["1", None]}]
     m = summarize(rows, [1, 2], with_votes=True)
     assert m["eval/pass@1"] == m["eval/accuracy"] == (0.75 + 0.0) / 2

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from grpo.advantages import ADVANTAGES
-from grpo.cli import main
+from grpo.algorithm.advantages import ADVANTAGES
+from grpo.commands.cli import main
 from grpo.config import build_config
-from grpo.explain import explain_group, render
-from grpo.loss import AGGREGATIONS, policy_loss
+from grpo.commands.explain import explain_group, render
+from grpo.algorithm.loss import AGGREGATIONS, policy_loss
 
 SHAPED = '''
 def distinct(prompts, completions, **columns):
@@ -134,7 +134,7 @@ def test_rows_are_numbered_as_in_the_file(tiny_model_dir, tmp_path, monkeypatch,
 
 
 def test_the_overview_prints_each_rewards_first_sentence_whole():
-    from grpo.explain import overview
+    from grpo.commands.explain import overview
     from grpo.rewards import REWARDS
     text = overview()
     block = text.split("  2. score")[1].split("  3. normalize")[0].splitlines()[1:]
@@ -154,3 +154,51 @@ def test_the_overview_prints_each_rewards_first_sentence_whole():
                                        "whole completion, stripped) is exactly the string `answer`; a "
                                        "strict, fast check for tasks with canonical answers.")
     assert all(len(line) <= 100 for line in block)
+
+
+def test_explain_runs_trainings_own_step_with_the_off_policy_correction(tiny_model_dir, monkeypatch):
+    # explain re-implemented the step from its helpers and left out the off-policy correction;
+    # it now runs step.grpo_step, watched: the updates it shows are training's updates, with the
+    # correction's weights in them.
+    import grpo.step as step
+    seen = {}
+    real_update, real_weights = step.update_policy, step.off_policy_weights
+
+    def update_policy(c, learner, rollout, is_weights, selected=None, observer=None):
+        seen["is_weights"] = is_weights
+        seen["updates"] = real_update(c, learner, rollout, is_weights, selected, observer)
+        return seen["updates"]
+
+    def off_policy_weights(rollout, name, cap, low=0.0):
+        weights, stats = real_weights(rollout, name, cap, low)
+        seen["correction"] = (name, cap)
+        return weights, stats
+
+    monkeypatch.setattr(step, "update_policy", update_policy)
+    monkeypatch.setattr(step, "off_policy_weights", off_policy_weights)
+    c = build_config({"model": str(tiny_model_dir), "sft_steps": 0, "group_size": 4, "max_new_tokens": 5,
+                      "num_iterations": 2, "lr": 0.05, "tis_cap": 2.0, "threads": 1})
+    result = explain_group(c, row=2)
+    assert seen["correction"] == ("tis", 2.0) and seen["is_weights"] is not None
+    assert [it["loss"] for it in result["iterations"]] == [u["loss"] for u in seen["updates"]]
+    assert [it["grad_norm"] for it in result["iterations"]] == [u["grad_norm"] for u in seen["updates"]]
+
+
+def test_explain_shows_every_update_even_when_none_is_finite(tiny_model_dir, monkeypatch):
+    # training stops after max_skipped_updates non-finite updates in a row; explain, which runs
+    # training's step, shows each of them (stepped: False) instead of stopping with that error
+    import grpo.step as step
+    real = step.accumulate_gradients
+
+    def poisoned(policy, rollout, **kw):
+        stats = real(policy, rollout, **kw)
+        for p in policy.parameters():
+            if p.grad is not None:
+                p.grad.fill_(float("nan"))
+        return {**stats, "loss": float("nan")}
+
+    monkeypatch.setattr(step, "accumulate_gradients", poisoned)
+    c = build_config({"model": str(tiny_model_dir), "sft_steps": 0, "group_size": 4, "max_new_tokens": 5,
+                      "num_iterations": 5, "max_skipped_updates": 2, "threads": 1})
+    result = explain_group(c, row=1)
+    assert [it["stepped"] for it in result["iterations"]] == [False] * 5

@@ -158,7 +158,7 @@ def test_a_chat_template_given_as_text_or_as_a_file_is_used(tmp_path, tiny_model
 def test_explain_takes_the_sampling_keys():
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, "-m", "grpo.cli", "explain", "--help"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "explain", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0
     assert all(f"  {key}=" in done.stdout for key in ("top_k", "min_p", "stop"))

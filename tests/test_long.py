@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grpo import heap
+from grpo.models import heap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_no_training_pass_holds_a_tokens_by_tokens_tensor(long_model, checkpoint
     assert seen.found == []
     # The checker can fail: the mask a row with a hole still needs is [rows, 1, L, L], and the
     # full-logits path holds [rows, T, vocab].
-    from grpo.decoder import Decoder
+    from grpo.models.decoder import Decoder
     with LargestShapes(T) as seen:
         Decoder(policy)._masked_hidden(ids, mask.bool(), (mask.cumsum(-1) - 1).clamp(min=0))
         policy(input_ids=ids[:1], attention_mask=mask[:1]).logits
@@ -131,7 +131,7 @@ def test_a_growing_pruned_cache_decodes_what_a_full_one_does(long_model, monkeyp
     START_ROOM) when full and copies only its filled slots when ended rows leave the batch. With
     room for 2 tokens (so it grows 9 times over 40 tokens) the tokens and log-probs equal those of
     a cache allocated whole."""
-    from grpo import decoder
+    from grpo.models import decoder
     from grpo.sampling import generate
     _, policy = long_model
     prompt = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
@@ -164,7 +164,8 @@ def test_forced_lengths_end_each_row_at_its_length_while_sampling(long_model, mo
     """benchmarks/forced_lengths.py ends row r at lengths[r] with EOS during sampling (no EOS
     before it), so the sampler drops ended rows from its batch as it does for a real policy."""
     import importlib.util
-    from grpo import decoder, sampling
+    from grpo.models import decoder
+    from grpo import sampling
     spec = importlib.util.spec_from_file_location("forced_lengths", ROOT / "benchmarks" / "forced_lengths.py")
     forced = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(forced)

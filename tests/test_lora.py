@@ -29,8 +29,8 @@ def lora_config(model_dir, out, **extra):
 
 def test_lora_trains_the_adapter_only_and_saves_adapter_and_merged_model(tiny_model_dir, tmp_path,
                                                                        monkeypatch):
-    import grpo.train as train_module
-    monkeypatch.setattr(train_module, "frozen_copy", lambda m: pytest.fail("LoRA made a reference copy"))
+    import grpo.assemble as assemble_module
+    monkeypatch.setattr(assemble_module, "frozen_copy", lambda m: pytest.fail("LoRA made a reference copy"))
     out = tmp_path / "run"
     result = train(lora_config(tiny_model_dir, out, lora_merge=True, beta=0.04),
                    reward_fns=[distinct], log=lambda s: None)
@@ -77,7 +77,7 @@ def test_lora_errors_name_the_key(tiny_model_dir, tmp_path):
 def test_the_lean_decoder_computes_lora_layers_as_peft_does(tiny_model_dir):
     # The adapter's B made non-zero so LoRA changes the output; with the adapter on and off.
     from peft import LoraConfig, get_peft_model
-    from grpo.decoder import Decoder, supports
+    from grpo.models.decoder import Decoder, supports
     from grpo.models import load_policy
     model = get_peft_model(load_policy(str(tiny_model_dir)), LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0))
@@ -168,7 +168,7 @@ def test_a_lora_run_with_a_cold_start_resumes_exactly(tiny_model_dir, tmp_path):
 def grpo_command(*args):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-m", "grpo.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "grpo.commands.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=300)
 
 
@@ -243,9 +243,62 @@ def test_an_adapter_whose_base_is_missing_is_one_line_naming_both(tiny_model_dir
 
 
 def test_explain_with_lora_after_a_cold_start_measures_kl_from_the_cold_started_policy(tiny_model_dir):
-    from grpo.explain import explain_group
+    from grpo.commands.explain import explain_group
     result = explain_group(build_config({"model": str(tiny_model_dir), "task": "addition",
                                          "lora_r": 4, "lora_alpha": 8, "sft_steps": 4,
                                          "sft_lr": 1e-2, "beta": 0.04, "group_size": 3,
                                          "max_new_tokens": 4, "threads": 1}))
     assert result["iterations"][0]["kl"] == 0.0
+
+
+# ---- push_to_hub of a LoRA run, against a stand-in of the hub API on loopback (hub_standin.py) ----
+
+def standin_hub(monkeypatch):
+    import huggingface_hub.constants
+    from hub_standin import Hub
+    hub = Hub()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_standin")
+    return hub
+
+
+def test_push_to_hub_of_a_lora_run_after_a_cold_start_uploads_the_merged_model(tiny_model_dir, tmp_path,
+                                                                              monkeypatch):
+    """final/ is an adapter whose recorded base is the run's cold_start/ (itself an adapter over a
+    local directory): uploaded alone, no one who downloads it could load it. The hub gets the
+    merged model instead, which loads by itself as the weights `model=RUN/final` gives."""
+    from transformers import AutoModelForCausalLM
+    from grpo.models import load_policy
+    hub = standin_hub(monkeypatch)
+    out, lines = tmp_path / "run", []
+    train(lora_config(tiny_model_dir, out, sft_steps=2, sft_lr=1e-2, steps=1,
+                      push_to_hub="someone/tiny-lora"), reward_fns=[distinct], log=lines.append)
+    recorded = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == str((out / "cold_start").resolve())
+    assert hub.repos == {"someone/tiny-lora"}
+    assert "adapter_config.json" not in hub.files and "config.json" in hub.files
+    merged = out / "final" / "merged"
+    assert hub.files == {p.relative_to(merged).as_posix(): p.read_bytes()
+                         for p in merged.rglob("*") if p.is_file()}
+    pulled = tmp_path / "pulled"
+    for name, data in hub.files.items():
+        (pulled / name).parent.mkdir(parents=True, exist_ok=True)
+        (pulled / name).write_bytes(data)
+    model = AutoModelForCausalLM.from_pretrained(pulled).state_dict()
+    want = load_policy(str(out / "final")).state_dict()
+    assert model.keys() == want.keys() and all(torch.equal(model[k], want[k]) for k in want)
+    base = load_policy(str(tiny_model_dir)).state_dict()
+    assert any(not torch.equal(model[k], base[k]) for k in base)    # the adapters are in it
+    assert any("uploading the merged model" in line for line in lines)
+
+
+def test_a_lora_adapter_over_a_hub_model_is_uploaded_as_it_is(tmp_path):
+    """An adapter whose base is a hub name loads anywhere: push_to_hub uploads final/ itself."""
+    from grpo.train import hub_folder
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "adapter_model.safetensors").write_bytes(b"")
+    (final / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "someone/base"}))
+    assert hub_folder(final, tokenizer=None, dtype="float32", log=pytest.fail) == final
+    assert not (final / "merged").exists()

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from grpo.loss import AGGREGATIONS, clipped_surrogate_loss, k3_kl, sequence_mean_weights
+from grpo.algorithm.loss import AGGREGATIONS, clipped_surrogate_loss, k3_kl, sequence_mean_weights
 
 LN2 = math.log(2.0)
 E = math.e

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from grpo.rewards import answers, bounds, faults, math_accuracy
-from grpo.rewards.workers import DeadlinePool
+from grpo.sandbox.pool import DeadlinePool
 
 
 def one(completion, gold):
@@ -117,9 +117,9 @@ def test_a_bare_power_too_large_is_refused_before_any_verifier(monkeypatch):
     def no_verifier():
         raise AssertionError("the verifier was reached")
     monkeypatch.setattr(answers, "verifier_pool", no_verifier)
-    faults.take()
-    assert math_accuracy(["q"], ["so it is 9^999999999"], answer=["42"]) == [0.0]
-    assert faults.take() == {"reward/math_accuracy/zero/answer_too_large": 1}
+    with faults.counting() as counts:
+        assert math_accuracy(["q"], ["so it is 9^999999999"], answer=["42"]) == [0.0]
+    assert counts.metrics() == {"reward/math_accuracy/zero/answer_too_large": 1}
 
 
 @pytest.mark.parametrize("gold, read", [
@@ -259,9 +259,8 @@ def test_a_call_that_spends_its_cpu_budget_ends_even_inside_c_and_is_told_apart(
 
 @pytest.fixture
 def fresh_verifier(monkeypatch):
-    """A verifier pool of its own, so its settings can be changed; the fault counts start at 0."""
+    """A verifier pool of its own, so its settings can be changed."""
     monkeypatch.setattr(answers, "_POOL", None)
-    faults.take()
     yield monkeypatch
     if answers._POOL is not None:
         answers._POOL.close()
@@ -290,10 +289,11 @@ def test_a_verifier_starved_past_its_deadline_leaves_the_sample_unscorable(fresh
     stopper = threading.Thread(target=stop_the_busy_one)
     stopper.start()
     start = time.monotonic()
-    assert math_accuracy(["q"], [COSTLY], answer=["42"]) == [None]
+    with faults.counting() as counts:
+        assert math_accuracy(["q"], [COSTLY], answer=["42"]) == [None]
     stopper.join()
     assert time.monotonic() - start < 10
-    assert pool.timeouts == 1 and faults.take() == {}
+    assert pool.timeouts == 1 and counts.metrics() == {}
 
 
 def test_an_answer_within_bounds_that_spends_the_cpu_budget_scores_zero(fresh_verifier):
@@ -301,9 +301,10 @@ def test_an_answer_within_bounds_that_spends_the_cpu_budget_scores_zero(fresh_ve
     # counted. The same row with the right answer still gets 1.
     fresh_verifier.setattr(answers, "MATH_CPU_S", 0.05)
     start = time.monotonic()
-    assert math_accuracy(["q"] * 2, [COSTLY, "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+    with faults.counting() as counts:
+        assert math_accuracy(["q"] * 2, [COSTLY, "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
     assert time.monotonic() - start < 10 * answers.MATH_DEADLINE_S
-    assert faults.take() == {"reward/math_accuracy/zero/verifier_overran": 1}
+    assert counts.metrics() == {"reward/math_accuracy/zero/verifier_overran": 1}
 
 
 def raises_on_x(gold, predicted):
@@ -316,10 +317,10 @@ def raises_on_x(gold, predicted):
 def test_a_verifier_that_raises_on_an_answer_scores_it_zero(monkeypatch):
     pool = DeadlinePool(raises_on_x, workers=1, deadline_s=5)
     monkeypatch.setattr(answers, "_POOL", pool)
-    faults.take()
     try:
-        assert math_accuracy(["q"] * 2, ["\\boxed{x}", "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
-        assert faults.take() == {"reward/math_accuracy/zero/verifier_raised": 1}
+        with faults.counting() as counts:
+            assert math_accuracy(["q"] * 2, ["\\boxed{x}", "\\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+        assert counts.metrics() == {"reward/math_accuracy/zero/verifier_raised": 1}
     finally:
         pool.close()
 
@@ -353,11 +354,11 @@ BOMBS = [
 
 @pytest.mark.parametrize("completion, cause", BOMBS)
 def test_a_bomb_scores_zero_in_bounded_time_with_its_cause_counted(completion, cause):
-    faults.take()
     start = time.monotonic()
-    assert math_accuracy(["q"] * 2, [completion, "so \\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
+    with faults.counting() as counts:
+        assert math_accuracy(["q"] * 2, [completion, "so \\boxed{42}"], answer=["42"] * 2) == [0.0, 1.0]
     assert time.monotonic() - start < 10 * answers.MATH_DEADLINE_S
-    assert faults.take() == {f"reward/math_accuracy/zero/{cause}": 1}
+    assert counts.metrics() == {f"reward/math_accuracy/zero/{cause}": 1}
 
 
 TOWERS_AND_CHOOSE = ["{10^{9} \\choose 10^{8}}", "10^{9} \\choose 10^{8}",
@@ -371,9 +372,9 @@ def test_towers_and_choose_are_refused_before_any_verifier(monkeypatch, completi
     def no_verifier():
         raise AssertionError("the verifier was reached")
     monkeypatch.setattr(answers, "verifier_pool", no_verifier)
-    faults.take()
-    assert math_accuracy(["q"], ["\\boxed{" + completion + "}"], answer=["42"]) == [0.0]
-    assert list(faults.take().values()) == [1]
+    with faults.counting() as counts:
+        assert math_accuracy(["q"], ["\\boxed{" + completion + "}"], answer=["42"]) == [0.0]
+    assert list(counts.metrics().values()) == [1]
 
 
 @pytest.mark.parametrize("completion, gold", [

@@ -22,7 +22,8 @@ from grpo.pipeline import PipelineError, split_threads, version_for
 from grpo.pipeline.transport import buckets, load_snapshot, snapshot
 from grpo.rollout import concat
 from grpo.sampling import HFSampler
-from grpo.train import sample_scored_groups, train
+from grpo.pipeline.inline import sample_scored_groups
+from grpo.train import train
 
 BASE = {"sft_steps": 0, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "steps": 5,
         "eval_every": 0, "save_every": 0, "lr": 3e-3, "threads": 1, "seed": 5, "beta": 0.04,
@@ -62,7 +63,7 @@ def test_the_schedule_names_the_version_each_step_trains_on():
 
 def test_async_steps_0_is_the_synchronous_loop(tiny_model_dir, tmp_path, monkeypatch):
     default = run(tmp_path, "default", tiny_model_dir, steps=3)
-    import grpo.train as loop
+    import grpo.assemble as loop
     monkeypatch.setattr(loop, "Groups", lambda *a, **k: pytest.fail("async_steps=0 started a pipeline"))
     zero = run(tmp_path, "zero", tiny_model_dir, steps=3, async_steps=0)
     assert exact(zero.history) == exact(default.history)
@@ -121,12 +122,26 @@ def test_the_groups_of_step_t_are_those_a_synchronous_sampler_draws_with_the_wei
         # what the worker sent for step t, kept by the checkpoint after step t-1
         (queued,) = torch.load(checkpoints / f"step-{t - 1}" / "pipeline.pt", weights_only=False)
         (part,) = queued["queued"][t]
-        got = part["rollout"]
-        assert part["version"] == t - 2
+        got = part.rollout
+        assert part.version == t - 2
         assert got.completions == expected.completions
         for field in ("completion_ids", "completion_mask", "sampler_logprobs", "prompt_ids", "rewards"):
             assert torch.equal(getattr(got, field), getattr(expected, field)), (t, field)
         assert set(got.versions[got.completion_mask.bool()].tolist()) == {t - 2}
+
+
+def test_a_part_queued_as_a_dict_by_an_older_grpo_is_read_as_a_part():
+    """pipeline.pt of an older grpo holds each worker's part as a dict; Groups reads it as a Part."""
+    from grpo.pipeline.worker import Part
+    rollout = object()
+    old = {"step": 4, "rollout": rollout, "extra": {"pipeline/x": 1.0}, "version": 2,
+           "timer": {"sample": 0.5, "reward": 0.25}, "stream": {"epoch": 1, "position": 3},
+           "faults": {"format": 2}, "work": (10.0, 11.0), "wait": (9.0, 10.0)}
+    part = Part.of(old)
+    assert part == Part(step=4, version=2, rollout=rollout, stream={"epoch": 1, "position": 3},
+                        sample_s=0.5, reward_s=0.25, extra={"pipeline/x": 1.0},
+                        faults={"format": 2}, work=(10.0, 11.0), wait=(9.0, 10.0))
+    assert Part.of(part) is part
 
 
 def test_a_killed_rollout_worker_is_replaced_and_the_run_is_unchanged(tiny_model_dir, tmp_path, monkeypatch):
@@ -319,8 +334,8 @@ def test_multi_turn_episodes_sampled_by_two_workers_are_those_the_trainer_sample
     for step in (2, 3):
         (a,), (b,) = (torch.load(tmp_path / n / "checkpoints" / f"step-{step - 1}" / "pipeline.pt",
                                  weights_only=False) for n in ("two", "zero"))
-        x = concat([p["rollout"] for p in a["queued"][step]], 0).trimmed()
-        y = concat([p["rollout"] for p in b["queued"][step]], 0).trimmed()
+        x = concat([p.rollout for p in a["queued"][step]], 0).trimmed()
+        y = concat([p.rollout for p in b["queued"][step]], 0).trimmed()
         assert x.completions == y.completions and x.episodes == y.episodes
         for field in ("prompt_ids", "completion_ids", "completion_mask", "context_mask", "rewards", "versions"):
             assert torch.equal(getattr(x, field), getattr(y, field)), (step, field)
@@ -396,8 +411,8 @@ def test_an_async_checkpoint_resumed_without_async_steps_is_refused(tiny_model_d
 
 def test_async_steps_on_a_gpu_model_is_refused_with_the_reason():
     from types import SimpleNamespace
-    from grpo.distributed import World
-    from grpo.train import start_pipeline
+    from grpo.run.distributed import World
+    from grpo.assemble import start_pipeline
     on_gpu = SimpleNamespace(policy=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)])))
     with pytest.raises(ConfigError, match="a CUDA context does not survive fork, so async_steps runs on CPUs"):
         start_pipeline(build_config({"async_steps": 1}), on_gpu, None, None, None, 1, None, World(), print)

@@ -3,7 +3,7 @@
 import io
 
 from grpo.config import build_config
-from grpo.progress import Progress, eta
+from grpo.run.progress import Progress, eta
 from grpo.train import train
 
 
@@ -46,7 +46,7 @@ def test_eta_is_the_mean_rate_times_what_is_left():
 
 
 def test_the_runaway_note_by_hand():
-    from grpo.metrics import RunawayWatch
+    from grpo.run.metrics import RunawayWatch
     watch = RunawayWatch()
     # entropies of the tiny model at lr=5e-3 after a cold start: 0.70, 0.573, 0.376, then 0.205,
     # 0.205 / mean(0.70, 0.573, 0.376) = 0.205 / 0.5497 = 0.373 < 0.5: the fourth step is noted
@@ -83,7 +83,7 @@ def test_a_run_whose_entropy_collapses_says_so_in_its_progress_line(tiny_model_d
 
 
 def test_the_flat_reward_note_by_hand():
-    from grpo.metrics import RunawayWatch
+    from grpo.run.metrics import RunawayWatch
     watch = RunawayWatch()
     flat = {"entropy": 1.0, "kl": 0.0, "reward/mean": 0.0, "advantage/zero_std_frac": 1.0}
     some = {**flat, "advantage/zero_std_frac": 0.75}
@@ -151,7 +151,7 @@ def test_a_dataset_is_named_before_it_is_read_and_a_small_one_is_noted(tiny_mode
 
 
 def test_the_end_of_run_line_names_the_report(tiny_model_dir, tmp_path, capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     out = tmp_path / "run"
     assert main(["train", f"model={tiny_model_dir}", "sft_steps=0", "steps=1", "prompts_per_step=2",
                  "group_size=2", "max_new_tokens=2", "eval_every=0", "threads=1",

@@ -8,7 +8,7 @@ import pytest
 
 from grpo.rewards import CodeTests
 from grpo.rewards.code import CodeTestsError, prompt_code
-from grpo.rewards.sandbox import Limits, isolation_level
+from grpo.sandbox.isolate import Limits, isolation_level
 
 needs_sandbox = pytest.mark.skipif(isolation_level() != "full",
                                    reason="needs root for namespaces and a user id of its own")

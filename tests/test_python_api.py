@@ -73,7 +73,7 @@ def test_a_dataset_in_the_config_and_in_the_call_is_refused(tmp_path):
 
 
 def test_a_loaded_model_and_tokenizer_are_trained_in_place(tmp_path, tiny_model_dir):
-    from grpo.models import load_policy, load_tokenizer
+    from grpo.models import load_policy
     from transformers import AutoTokenizer
     policy = load_policy(str(tiny_model_dir))
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))   # as a user loads it

@@ -22,3 +22,11 @@ def test_first_commands_are_demo_then_tests():
     assert commands[1].endswith("python -m pytest -q")
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci
+
+
+def test_the_real_vllm_tests_run_in_ci_as_the_readme_gives_them():
+    text = README.read_text()
+    setup = re.search(r"^python3 -m venv \.venv-vllm .*$", text, re.MULTILINE).group(0)
+    run = re.search(r"^python -m pytest -q -m vllm$", text, re.MULTILINE).group(0)
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert f"{setup} && {run}" in ci

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from grpo.config import build_config
-from grpo.report import PANELS, reflection_rates, write_report
+from grpo.run.report import PANELS, reflection_rates, write_report
 from grpo.train import train
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
@@ -122,7 +122,7 @@ def test_the_report_plots_every_metric_the_troubleshooting_guide_sends_users_to(
     # advantage/zero_std_frac, grad_norm, skipped updates, zero causes and the unscorable count had
     # no plot, though the guide opens with "every metric named here is a plot there".
     from pathlib import Path
-    from grpo.report import DYNAMIC_KEYS
+    from grpo.run.report import DYNAMIC_KEYS
     guide = (Path(__file__).parent.parent / "docs" / "guides" / "troubleshooting.md").read_text()
     named = set(re.findall(r"`((?:[a-z_]+/)+[a-z_<>]+|grad_norm|kl|entropy)`", guide))
     plotted = {key for _, _, keys, _ in PANELS for key, _ in keys}
@@ -143,7 +143,7 @@ def test_the_zero_causes_panel_reads_every_cause_with_0_at_steps_that_counted_no
             {"step": 3, "reward/mean": 0.7, "reward/math_accuracy/zero/bound": 1}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_report(tmp_path)
-    from grpo.report import DYNAMIC_KEYS
+    from grpo.run.report import DYNAMIC_KEYS
     assert DYNAMIC_KEYS["reward_causes"](rows) == [
         ("reward/math_accuracy/zero/bound", "math_accuracy: bound"),
         ("reward/math_accuracy/zero/no_answer", "math_accuracy: no_answer")]
@@ -159,7 +159,7 @@ def test_the_report_holds_the_runs_config(runs):
 
 
 def test_the_reward_band_stays_within_the_rewards_a_step_gave():
-    from grpo.report import reward_band
+    from grpo.run.report import reward_band
     # 0/1 rewards: 9 of 10 right has mean 0.9, std 0.3162: mean + std = 1.2162 passes 1
     metrics = [{"step": 1, "reward/mean": 0.9, "reward/std": 0.3162, "reward/min": 0.0, "reward/max": 1.0},
                {"step": 2, "reward/mean": 0.5, "reward/std": 0.25, "reward/min": 0.0, "reward/max": 1.0},
@@ -170,7 +170,7 @@ def test_the_reward_band_stays_within_the_rewards_a_step_gave():
 
 def test_step_metrics_log_each_steps_lowest_and_highest_reward():
     import torch
-    from grpo.metrics import step_metrics
+    from grpo.run.metrics import step_metrics
     from grpo.rollout import Rollout
     n, T = 4, 2
     rollout = Rollout(prompts=["p"] * n, completions=["c"] * n, group_ids=torch.tensor([0, 0, 1, 1]),
@@ -191,7 +191,7 @@ def test_the_legend_sits_below_the_axes_and_covers_no_curve():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from grpo.report import legend_below
+    from grpo.run.report import legend_below
     fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=100)
     for k in range(5):                       # curves through every corner of the axes
         ax.plot([0, 1, 2], [k, 4 - k, k], label=f"a long label for curve {k}")

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo import checkpoint
-from grpo.checkpoint import CheckpointError, verify
+from grpo.run import checkpoint
+from grpo.run.checkpoint import CheckpointError, verify
 from grpo.config import ConfigError, build_config
 from grpo.train import train
 
@@ -105,7 +105,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_says_how_to_resume(ti
 def test_a_cold_start_stopped_by_a_signal_keeps_its_model_and_says_what_is_lost(tiny_model_dir, tmp_path,
                                                                                   signum):
     from transformers import AutoModelForCausalLM
-    from grpo.cli import main
+    from grpo.commands.cli import main
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", f"model={tiny_model_dir}",
@@ -142,22 +142,41 @@ def small_config(tiny_model_dir, run_dir, **overrides):
     return build_config({**values, **overrides})
 
 
-def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
-    real_save, calls = torch.save, []
+# torch.save's own error when its C++ writer comes short: no errno, no word of a full disk
+TORCH_SHORT_WRITE = ("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing "
+                     "file data/0: file write failed")
+
+
+@pytest.mark.parametrize("error, reason", [
+    ("python", "the disk is full"),
+    ("torch", "the disk is full"),
+    ("torch with room", f"torch's write failed ({TORCH_SHORT_WRITE})")])
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tiny_model_dir, tmp_path, monkeypatch,
+                                                                       capsys, error, reason):
+    # torch.save on a full disk raises a RuntimeError that says neither that the disk is full nor
+    # which checkpoint is intact: it was a traceback. The free space measured then tells.
+    from grpo.commands.cli import main
+    real_save = torch.save
 
     def save(obj, path, *a, **kw):
-        calls.append(path)
         if str(path).endswith("trainer_state.pt") and "step-2" in str(path):
-            raise OSError(errno.ENOSPC, "No space left on device")
+            if error == "python":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            if error == "torch":
+                monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 0)   # as the disk is then
+            raise RuntimeError(TORCH_SHORT_WRITE)
         return real_save(obj, path, *a, **kw)
 
     monkeypatch.setattr(torch, "save", save)
-    with pytest.raises(CheckpointError) as e:
-        train(small_config(tiny_model_dir, tmp_path), log=lambda line: None)
-    message = str(e.value)
-    assert "step-2" in message and "the disk is full" in message
-    assert f"the previous checkpoint {tmp_path / 'checkpoints' / 'step-1'} is intact" in message
-    assert "resume=auto" in message
+    assert main(["train", f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
+                 "max_new_tokens=4", "steps=3", "eval_every=0", "save_every=1", "keep_last=0",
+                 "threads=1", f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"grpo train: error: cannot write {tmp_path / 'checkpoints' / 'step-2'}: {reason}; the previous "
+        f"checkpoint {tmp_path / 'checkpoints' / 'step-1'} is intact. Free space, then continue with "
+        "resume=auto")
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-1"]   # no temporary left
     assert verify(tmp_path / "checkpoints" / "step-1") is None
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
@@ -209,11 +228,16 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_as_if_never_stopped(ti
     assert done.returncode == 0, done.stderr[-2000:]
     assert "no valid checkpoint" in done.stdout and "starting from step 0" in done.stdout
     assert run_files(run) == expected
+    # TensorBoard shows each evaluation once: the new start's events purge the earlier ones
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [0, 2, 4]
 
 
 def test_a_run_whose_every_checkpoint_is_corrupt_starts_over_as_if_never_stopped(tiny_model_dir, tmp_path,
                                                                                  monkeypatch):
-    from grpo import resume
+    from grpo.run import resume
     config = dict(steps=4, eval_every=2, eval_size=4, save_every=1, keep_last=2, seed=3)
     train(small_config(tiny_model_dir, tmp_path / "whole", **config), log=lambda line: None)
     expected = run_files(tmp_path / "whole")
@@ -236,6 +260,52 @@ def test_a_run_whose_every_checkpoint_is_corrupt_starts_over_as_if_never_stopped
     assert run_files(run) == expected
     # the checkpoints the new start writes are kept, not pruned for the corrupt ones of later steps
     assert kept == [["step-1"], ["step-1", "step-2"], ["step-2", "step-3"], ["step-3", "step-4"]]
+
+
+def test_a_resume_on_changed_data_is_refused_and_changed_keys_are_said(tiny_model_dir, tmp_path, capsys):
+    # A dataset truncated between the stop and resume=auto gave an IndexError's traceback (the
+    # data position pointed past its end), and a changed row resumed silently on other data.
+    from grpo.commands.cli import main
+    data, run = tmp_path / "d.jsonl", tmp_path / "run"
+    lines = [json.dumps({"prompt": f"{i}+0=", "answer": str(i)}) + "\n" for i in range(12)]
+    data.write_text("".join(lines))
+    common = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
+              "max_new_tokens=4", "eval_every=0", "save_every=1", "threads=1", f"output_dir={run}"]
+    args = [f"dataset={data}", *common]
+    assert main(["train", *args, "steps=2"]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    way_out = "resume on the data it was trained on, or start a new run in another output_dir"
+    truncated, edited = "".join(lines[:9]), "".join(lines).replace('"answer": "5"', '"answer": "6"')
+    for changed, rows in ((truncated, 9), (edited, 12)):
+        data.write_text(changed)
+        assert main(["train", *args, "steps=3", "resume=auto"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"grpo train: error: the dataset {data} has changed since the checkpoint at step 2 "
+                       f"(rows: 12 then, {rows} now; its fingerprint differs): {way_out}\n")
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # the same data, moved: keys a resumed run may change are accepted and said in one line
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text("".join(lines))
+    assert main(["train", f"dataset={moved}", *common, "steps=3", "log_every=2", "resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert (f"resuming with dataset {str(data)!r} -> {str(moved)!r}, steps 2 -> 3, log_every 1 -> 2 "
+            "(keys a resumed run may change)") in out
+    assert "changed keys" not in out
+    assert f"resuming from {run / 'checkpoints' / 'step-2'} at step 3/3" in out
+    # a checkpoint written before fingerprints were recorded resumes, saying what was not checked
+    old = run / "checkpoints" / "step-3"
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["files"]["data.json"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    (old / "data.json").unlink()
+    assert main(["train", f"dataset={moved}", *common, "steps=4", "lr=1e-4", "resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert (f"resume: checkpoint {old} records no fingerprint of its data (written by an older "
+            "grpo), so whether dataset changed since could not be checked") in out
+    assert "resuming with changed keys: lr 0.0005 -> 0.0001 (from here the run trains otherwise" in out
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3, 4]
 
 
 def test_a_fresh_run_refuses_a_directory_that_holds_one(tiny_model_dir, tmp_path):
@@ -264,8 +334,8 @@ def test_write_dir_removes_its_temporary_on_error_and_verify_names_the_bad_file(
 
 
 def test_a_second_ctrl_c_stops_at_once():
-    from grpo.resume import StopOnSignal
-    from grpo.distributed import World
+    from grpo.run.resume import StopOnSignal
+    from grpo.run.distributed import World
     lines, before = [], signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         with StopOnSignal(lines.append) as stop:
@@ -279,7 +349,7 @@ def test_a_second_ctrl_c_stops_at_once():
 
 def test_the_last_step_is_checkpointed_a_finished_run_says_so_and_more_steps_go_on(tiny_model_dir,
                                                                                   tmp_path, capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     run = tmp_path / "run"
     args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
             "max_new_tokens=4", "eval_every=0", "save_every=2", "keep_last=5", "threads=1", "seed=3",
@@ -324,7 +394,7 @@ def test_resume_auto_on_a_finished_run_without_checkpoints_changes_nothing(tiny_
                                                                            capsys):
     # With save_every=0 there was no checkpoint to find, so resume=auto trained the finished run
     # again from step 0, over its own metrics.jsonl and final/.
-    from grpo.cli import main
+    from grpo.commands.cli import main
     run = tmp_path / "run"
     args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=2", "group_size=2",
             "max_new_tokens=4", "eval_every=0", "save_every=0", "threads=1", "steps=2",

@@ -49,7 +49,7 @@ def test_reward_module_from_the_working_directory(tmp_path):
     (tmp_path / "my_rewards.py").write_text(
         "def brevity(prompts, completions, **columns):\n"
         "    return [-float(len(c)) for c in completions]\n")
-    out = subprocess.run([sys.executable, "-m", "grpo.cli", "train", "rewards=[my_rewards:brevity]",
+    out = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "train", "rewards=[my_rewards:brevity]",
                           "steps=1", "sft_steps=0", "eval_every=0", "prompts_per_step=2",
                           "group_size=2", "output_dir=run"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
@@ -64,7 +64,7 @@ def test_reward_module_from_the_working_directory(tmp_path):
 def test_raising_reward_on_the_command_line_is_one_line(tmp_path):
     (tmp_path / "broken.py").write_text(
         "def always(prompts, completions, **columns):\n    raise KeyError('answer_text')\n")
-    out = subprocess.run([sys.executable, "-m", "grpo.cli", "train", "rewards=[broken:always]",
+    out = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "train", "rewards=[broken:always]",
                           "steps=1", "sft_steps=0", "eval_every=0", "prompts_per_step=1",
                           "group_size=2", "output_dir=run"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)

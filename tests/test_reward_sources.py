@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo.config import ConfigError, build_config
-from grpo.reward_sources import RewardModel, RewardServer
+from grpo.rewards.sources import RewardModel, RewardServer
 from grpo.rewards import RewardError, faults, score
 
 
@@ -232,13 +232,13 @@ def test_a_server_that_trickles_or_says_nothing_stops_at_one_deadline_for_the_wh
         assert "reward_server_timeout_s" in message
         assert len(s.requests) == 1        # the deadline is the call's: no time is left to retry
 
-        faults.take()
         started = time.monotonic()
-        totals, per_fn = score([RewardServer(s.url, timeout_s=1.0)], [1.0], ["p", "q"], ["ab", "c"],
-                               {}, on_error="skip")
+        with faults.counting() as counts:
+            totals, per_fn = score([RewardServer(s.url, timeout_s=1.0)], [1.0], ["p", "q"], ["ab", "c"],
+                                   {}, on_error="skip")
         assert time.monotonic() - started < 1.6
         assert totals == [None, None] and per_fn == {"reward_server": [None, None]}
-        assert faults.take() == {"reward/reward_server/error/timeout": 2}
+        assert counts.metrics() == {"reward/reward_server/error/timeout": 2}
     finally:
         s.close()
 
@@ -273,11 +273,11 @@ def test_each_misbehaviour_of_a_server_is_one_line_or_with_skip_unscorable_and_c
                                 "as unscorable")
         assert len(s.requests) == requests
 
-        faults.take()
-        totals, per_fn = score([server, lambda p, c, **k: [1.0] * len(c)], [1.0, 1.0], ["p", "q"],
-                               ["ab", "c"], {}, on_error="skip")
+        with faults.counting() as counts:
+            totals, per_fn = score([server, lambda p, c, **k: [1.0] * len(c)], [1.0, 1.0], ["p", "q"],
+                                   ["ab", "c"], {}, on_error="skip")
         assert totals == [None, None] and per_fn["reward_server"] == [None, None]
-        assert faults.take() == {f"reward/reward_server/error/{cause}": 2}
+        assert counts.metrics() == {f"reward/reward_server/error/{cause}": 2}
         assert len(s.requests) == 2 * requests
     finally:
         s.close()
@@ -329,7 +329,7 @@ def test_server_and_model_from_config(server, reward_model_dir, tmp_path):
 def test_a_413_sends_the_batch_in_halves_and_skip_leaves_out_only_the_refused_completion():
     # A 413 used to stop the run even with reward_on_error=skip. Each completion alone fits under
     # the limit but the four together do not; one completion is too large even alone.
-    from grpo.reward_sources import RewardRefused
+    from grpo.rewards.sources import RewardRefused
     from grpo.rewards import score
     s = Server(limit=400)
     try:

@@ -183,7 +183,7 @@ def test_unscorable_reaches_the_rollouts_rewards_from_the_config():
     from grpo.build import Data
     from grpo.config import build_config
     from grpo.rollout import Rollout
-    from grpo.train import score_rollout
+    from grpo.pipeline.inline import score_rollout
 
     def rollout():
         n = len(MIXED_COMPLETIONS)
@@ -357,3 +357,59 @@ def test_mask_from_lengths_zero_length():
 def test_extract_gold(gold, expected):
     from grpo.rewards.answers import extract_gold
     assert extract_gold(gold) == expected
+
+
+# ------------------------------------------------------------- fault counts, scoped to their call
+
+def test_a_count_made_in_a_pool_thread_is_counted_in_the_callers_scope():
+    import threading
+    from grpo.rewards import faults
+    threads = set()
+
+    def strict(prompts, completions, **columns):
+        threads.add(threading.get_ident())
+        faults.count("strict", "too_long", len(completions))
+        return [0.0] * len(completions)
+
+    with faults.counting() as counts:
+        score([strict, think_format], [1.0, 1.0], ["p"] * 3, ["a", "b", "c"], {})
+    assert threading.get_ident() not in threads      # score ran it in its pool's thread
+    assert counts.metrics() == {"reward/strict/zero/too_long": 3}
+
+
+def test_code_tests_counts_in_its_own_pool_threads_into_the_callers_scope():
+    from grpo.rewards import CodeTests, faults
+
+    def timed_out(prompt, completion, spec):
+        faults.count("code_tests", "timeout")
+        return 0, 1
+    reward = CodeTests(workers=2, unsafe_code_execution=True)
+    reward.run = timed_out          # its own pool calls score_one, which calls run
+    rows = {"tests": [[{"input": "", "output": "1\n"}]] * 3}
+    with faults.counting() as counts:
+        assert reward(["p"] * 3, ["x", "y", "z"], **rows) == [0.0, 0.0, 0.0]
+    assert counts.metrics() == {"reward/code_tests/zero/timeout": 3}
+
+
+def test_two_scopes_do_not_see_each_others_counts_and_none_open_counts_nowhere():
+    from concurrent.futures import ThreadPoolExecutor
+    from grpo.rewards import faults
+    faults.count("before", "any_scope")                  # none open: counted nowhere
+    with faults.counting() as evaluation:
+        math_accuracy(["q"], ["no answer here"], answer=["42"])
+    with faults.counting() as step:
+        with ThreadPoolExecutor(2) as pool:              # a pool's threads, carried into the scope
+            list(pool.map(faults.carried(lambda _: faults.count("mine", "x")), range(4)))
+        with faults.counting() as inner:                 # the innermost scope takes its own
+            faults.count("inner", "y")
+    assert evaluation.metrics() == {"reward/math_accuracy/zero/no_answer": 1}
+    assert step.metrics() == {"reward/mine/zero/x": 4}
+    assert inner.metrics() == {"reward/inner/zero/y": 1}
+
+
+def test_an_environment_or_tool_thread_counts_into_the_callers_scope():
+    from grpo.agents.environments import with_deadline
+    from grpo.rewards import faults
+    with faults.counting() as counts:
+        assert with_deadline(lambda: faults.count("env", "z") or 7, 5.0) == (7, None)
+    assert counts.metrics() == {"reward/env/zero/z": 1}

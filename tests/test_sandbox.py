@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo.rewards.code import CodeTests, extract_code
-from grpo.rewards.sandbox import Limits, isolation_level
+from grpo.sandbox.isolate import Limits, isolation_level
 
 pytestmark = pytest.mark.skipif(isolation_level() != "full",
                                 reason="needs root for namespaces and a user id of its own")
@@ -108,7 +108,7 @@ def test_no_connection_to_a_port_the_test_opened(code_tests):
 
 
 def test_output_is_capped_in_the_parent():
-    from grpo.rewards.sandbox import run_program
+    from grpo.sandbox.isolate import run_program
     job = {"nonce": "n", "mode": "calls", "code": "import os\nwhile True:\n    os.write(3, b'x' * 10000)",
            "fn_name": "f", "calls": [[]]}
     out = run_program(job, limits=Limits(timeout_s=1, output_kb=64))
@@ -220,7 +220,7 @@ def test_a_kernel_keyring_carries_nothing_to_a_later_run(code_tests, monkeypatch
     import itertools
     import subprocess
     import sys
-    import grpo.rewards.sandbox as sandbox
+    import grpo.sandbox.isolate as sandbox
     monkeypatch.setattr(sandbox, "_UIDS", itertools.repeat(7))          # both runs: one user id
     name = f"grpo-carry-{uuid.uuid4().hex}".encode()
     numbers = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
@@ -260,7 +260,7 @@ def test_dev_shm_and_abstract_sockets_carry_nothing_between_runs(code_tests):
 def test_a_namespace_that_cannot_be_made_leaves_no_isolation(monkeypatch):
     # the launcher refuses the run (status 97) rather than run it with fewer namespaces, so the
     # probe sees nothing and code rewards refuse to start without unsafe_code_execution=true
-    import grpo.rewards.sandbox as sandbox
+    import grpo.sandbox.isolate as sandbox
     flags = "0x20000000 | 0x04000000) != 0"
     assert flags in sandbox._LAUNCHER
     monkeypatch.setattr(sandbox, "_LAUNCHER", sandbox._LAUNCHER.replace(flags, "0x20000000 | 0x1) != 0"))

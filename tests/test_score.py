@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.cli import main
+from grpo.commands.cli import main
 
 HUMANEVAL = Path(__file__).parent / "data" / "code" / "humaneval.jsonl"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpo.cli import main
+from grpo.commands.cli import main
 from grpo.config import ConfigError, build_config
 from grpo.rewards import RewardError
 from grpo.train import train
@@ -80,7 +80,7 @@ def test_the_command_line_says_it_in_one_line_and_exits_2(tiny_model_dir, demo, 
 
 
 def test_the_dry_call_uses_the_rows_completion_and_is_in_no_metric(tiny_model_dir, demo, tmp_path):
-    from grpo.rewards.workers import find
+    from grpo.sandbox.pool import find
     calls = find("dry_call_rewards:CALLS", "list")
     calls.clear()
     result = train(build_config(settings(tiny_model_dir, demo, tmp_path / "run",
@@ -96,8 +96,8 @@ def test_a_missing_engine_stops_the_run_before_anything_is_loaded(tiny_model_dir
     import sys
     monkeypatch.setitem(sys.modules, "vllm", None)      # as where vLLM is not installed
     lines = []
-    with pytest.raises(ConfigError, match=r"^config key 'sampler': sampler=vllm needs vLLM, which is "
-                                          r"not installed here: .*; or set sampler=hf$"):
+    with pytest.raises(ConfigError, match=r"^config key 'sampler': sampler=vllm needs vLLM 0\.32: in a "
+                                          r"clone of grpo, pip install .*; or set sampler=hf$"):
         train(build_config(settings(tiny_model_dir, demo, tmp_path / "run", sampler="vllm",
                                     rewards=["dry_call_rewards:fine"])), log=lines.append)
     assert lines == []      # before the dataset is read or the model loaded

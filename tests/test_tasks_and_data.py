@@ -5,7 +5,7 @@ import pytest
 from grpo.data import Columns, DataError, PromptStream, columns_of, format_prompt, load_rows
 from grpo.models import build_tiny_tokenizer
 from grpo.rewards import countdown_equation, exact_answer
-from grpo.tasks import TASKS, get_task
+from grpo.data.tasks import TASKS, get_task
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -94,7 +94,7 @@ def test_columns_repeat_per_group_member():
 
 def test_characters_the_tokenizer_cannot_represent_are_reported_at_start(tiny_model_dir, tmp_path,
                                                                          monkeypatch, capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     rows = [{"question": "Tom’s cat has 3 kittens and 2 more. How many?", "answer": "#### 5"},
             {"question": "What is 2 + 2?", "answer": "#### 4"},
             {"question": "Ana’s dog ate 5 of 7 bones. How many are left?", "answer": "#### 2"},

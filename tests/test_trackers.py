@@ -81,7 +81,7 @@ def strict_lines(path) -> list[dict]:
 
 def test_a_step_no_sample_could_score_is_strict_json_null_and_a_warning(tiny_model_dir, tmp_path,
                                                                        monkeypatch, capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     (tmp_path / "myreward.py").write_text(
         "def strict(prompts, completions, **columns):\n"
         "    raise RuntimeError('my reward is broken')\n")
@@ -104,7 +104,7 @@ def test_a_step_no_sample_could_score_is_strict_json_null_and_a_warning(tiny_mod
 
 
 def test_strict_json_writes_null_for_every_non_finite_number():
-    from grpo.tracking import strict_json
+    from grpo.run.tracking import strict_json
     line = strict_json({"step": 3, "a": float("nan"), "b": float("inf"), "c": 1.5, "d": [float("-inf"), 2]})
     assert json.loads(line) == {"step": 3, "a": None, "b": None, "c": 1.5, "d": [None, 2],
                                 "undefined": ["a", "b"]}
@@ -114,7 +114,7 @@ def test_strict_json_writes_null_for_every_non_finite_number():
 def test_wandb_dir_is_where_wandb_writes_when_it_is_set(tmp_path, monkeypatch):
     # WANDB_DIR is wandb's own setting; the run directory is only the default when it is unset
     pytest.importorskip("wandb")
-    from grpo.tracking import RunTracker
+    from grpo.run.tracking import RunTracker
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))

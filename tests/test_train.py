@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from grpo.config import build_config
 from grpo.train import train
-from grpo.tracking import read_metrics
+from grpo.run.tracking import read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,26 @@ def test_metric_names(demo_run):
     assert all(m["eval/n"] == 100 for m in evals)
 
 
+def test_each_timer_measures_what_its_name_says(tmp_path, monkeypatch):
+    # time/reward_s held the advantages' time too (and the correction's, the selection's); a slow
+    # stage 3 now shows in time/advantage_s alone, and the parts add up to the step.
+    import time
+    import grpo.step as step_module
+    real = step_module.set_advantages
+
+    def slow(*args, **kwargs):
+        time.sleep(0.25)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "set_advantages", slow)
+    c = build_config({"steps": 2, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
+                      "group_size": 2, "max_new_tokens": 4, "output_dir": str(tmp_path)})
+    for m in train(c, log=lambda s: None, write_files=False).history:
+        assert m["time/advantage_s"] >= 0.25 and m["time/reward_s"] < 0.2, m
+        parts = sum(m[f"time/{k}_s"] for k in ("sample", "reward", "reference", "advantage", "update"))
+        assert parts <= m["time/step_s"] < parts + 0.1
+
+
 def test_samples_carry_rewards_and_advantages(demo_run):
     result, _ = demo_run
     first = json.loads((result.run_dir / "samples.jsonl").read_text().splitlines()[0])
@@ -74,9 +94,9 @@ def test_same_seed_same_numbers(tmp_path):
 
 
 def test_beta_zero_loads_no_reference(tmp_path, monkeypatch):
-    import grpo.train as train_module
+    import grpo.assemble as assemble_module
     calls = []
-    monkeypatch.setattr(train_module, "frozen_copy", lambda m: calls.append(m))
+    monkeypatch.setattr(assemble_module, "frozen_copy", lambda m: calls.append(m))
     c = build_config({"steps": 1, "sft_steps": 0, "beta": 0.0, "eval_every": 0,
                       "output_dir": str(tmp_path)})
     history = train(c, log=lambda s: None, write_files=False).history
@@ -112,7 +132,32 @@ def test_the_zeros_a_reward_counts_by_cause_are_logged_each_step(tmp_path):
     logged = read_metrics(tmp_path / "r")
     counts = [m.get("reward/strict/zero/too_long", 0) for m in logged if "eval/accuracy" not in m]
     assert counts == [m["reward/strict/zero/too_long"] for m in result.history]
-    assert all(0 < n <= 6 for n in counts) and faults.take() == {}
+    assert all(0 < n <= 6 for n in counts)
+
+
+def test_held_out_scorings_counts_are_no_steps_and_each_step_counts_its_own(tmp_path, monkeypatch):
+    """Evaluation (before step 1, and after each step) scores in a scope of its own: a step's
+    `reward/<fn>/zero/<cause>` counts that step's completions alone."""
+    from grpo import build
+    from grpo.rewards import faults
+
+    def strict(prompts, completions, **columns):
+        faults.count("strict", "counted", len(completions))
+        return [0.0] * len(completions)
+
+    def held_out(prompts, completions, **columns):
+        faults.count("held_out", "counted", len(completions))
+        return [0.0] * len(completions)
+
+    monkeypatch.setattr(build, "choose_accuracy", lambda *a, **k: (held_out, "held_out"))
+    c = build_config({"sft_steps": 0, "steps": 2, "eval_every": 1, "eval_size": 4,
+                      "prompts_per_step": 2, "group_size": 3, "output_dir": str(tmp_path / "r"),
+                      "report_to": []})
+    result = train(c, reward_fns=[strict], log=lambda s: None, write_files=False)
+    steps = [m for m in result.history if "reward/mean" in m]
+    assert [m["reward/strict/zero/counted"] for m in steps] == [6, 6]
+    assert not [k for m in result.history for k in m if k.startswith("reward/held_out")]
+    assert len(result.history) == 5     # the evaluations did score: steps 0, 1 and 2
 
 
 def test_lr_schedule_counts_steps_not_updates(tmp_path):
@@ -143,7 +188,7 @@ def test_cold_start_from_prompt_completion_pairs(tmp_path):
     from grpo.build import Data
     from grpo.models import load_policy, load_tokenizer, build_tiny
     from grpo.sampling import HFSampler
-    from grpo.train import cold_start
+    from grpo.assemble import cold_start
 
     f = tmp_path / "pairs.jsonl"
     f.write_text("\n".join(json.dumps({"prompt": f"say {c}:", "completion": c * 3}) for c in "abcd"))
@@ -179,9 +224,9 @@ def _poisoned(real, bad_calls):
 
 
 def test_non_finite_updates_are_skipped_and_counted(tmp_path, monkeypatch):
-    import grpo.train as train_module
-    monkeypatch.setattr(train_module, "accumulate_gradients",
-                        _poisoned(train_module.accumulate_gradients, bad_calls={2}))
+    import grpo.step as step_module
+    monkeypatch.setattr(step_module, "accumulate_gradients",
+                        _poisoned(step_module.accumulate_gradients, bad_calls={2}))
     c = build_config({"steps": 3, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
                       "group_size": 2, "output_dir": str(tmp_path)})
     result = train(c, log=lambda s: None, write_files=False)
@@ -190,9 +235,10 @@ def test_non_finite_updates_are_skipped_and_counted(tmp_path, monkeypatch):
 
 
 def test_too_many_non_finite_updates_in_a_row_stop_the_run(tmp_path, monkeypatch):
+    import grpo.step as step_module
     import grpo.train as train_module
-    monkeypatch.setattr(train_module, "accumulate_gradients",
-                        _poisoned(train_module.accumulate_gradients, bad_calls={1, 2, 3}))
+    monkeypatch.setattr(step_module, "accumulate_gradients",
+                        _poisoned(step_module.accumulate_gradients, bad_calls={1, 2, 3}))
     c = build_config({"steps": 5, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
                       "group_size": 2, "max_skipped_updates": 2, "output_dir": str(tmp_path)})
     with pytest.raises(train_module.TrainingError, match=r"3 updates in a row had a loss or gradient "

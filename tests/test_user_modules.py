@@ -10,9 +10,9 @@ import pytest
 
 from grpo.build import ConfigError, agent_of, load_data, prompt_texts
 from grpo.config import build_config
-from grpo.episodes import EpisodeLimits, start_episode
+from grpo.sampling.episodes import EpisodeLimits, start_episode
 from grpo.models import build_tiny_tokenizer
-from grpo.tools import Call, resolve_tools, run_call
+from grpo.agents.tools import Call, resolve_tools, run_call
 
 MYTOOLS = '''
 import datetime
@@ -72,7 +72,7 @@ def user_dir(tmp_path, monkeypatch):
     """A user's directory holding mytools.py and kvenv.py, made the working directory, with no
     PYTHONPATH and nothing of it on sys.path (restored afterwards, with sys.modules and the
     tools' worker processes)."""
-    from grpo import tools
+    from grpo.agents import tools
     (tmp_path / "mytools.py").write_text(MYTOOLS)
     (tmp_path / "kvenv.py").write_text(KVENV)
     monkeypatch.chdir(tmp_path)
@@ -248,17 +248,17 @@ def test_the_plain_prompt_lists_the_environments_methods_as_the_run_tools_are(us
     tok = build_tiny_tokenizer()
     rows = [{"prompt": "2024-05-01?"}]
     env_only = build_config({"environment": "kvenv:KVStore"})
-    assert prompt_texts(env_only, tok, rows) == ["<tools>put(key, value)</tools>\n2024-05-01?"]
+    assert prompt_texts(env_only, tok, rows, agent_of(env_only)) == ["<tools>put(key, value)</tools>\n2024-05-01?"]
     assert [t.schema for t in agent_of(env_only).shown] == [PUT_SCHEMA]
     both = build_config({"environment": "kvenv:KVStore", "tools": ["mytools:weekday"]})
-    assert prompt_texts(both, tok, rows) == ["<tools>weekday(date) put(key, value)</tools>\n2024-05-01?"]
+    assert prompt_texts(both, tok, rows, agent_of(both)) == ["<tools>weekday(date) put(key, value)</tools>\n2024-05-01?"]
 
 
 def test_the_hermes_description_holds_the_methods_schema(user_dir):
     tok = build_tiny_tokenizer()
     config = build_config({"environment": "kvenv:KVStore", "tools": ["mytools:weekday"],
                            "tool_format": "hermes"})
-    text = prompt_texts(config, tok, [{"prompt": "q"}])[0]
+    text = prompt_texts(config, tok, [{"prompt": "q"}], agent_of(config))[0]
     body = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
     assert [json.loads(line)["function"]["name"] for line in body] == ["weekday", "put"]
     assert json.loads(body[1]) == PUT_SCHEMA
@@ -271,12 +271,12 @@ def test_the_chat_template_is_given_the_methods_schemas_with_the_run_tools(user_
     config = build_config({"environment": "kvenv:KVStore", "tools": ["mytools:weekday"],
                            "tool_format": "hermes"})
     weekday = resolve_tools(["mytools:weekday"])["weekday"].schema
-    assert prompt_texts(config, tok, [{"prompt": "q"}]) == [
+    assert prompt_texts(config, tok, [{"prompt": "q"}], agent_of(config)) == [
         f"<tools>{json.dumps(weekday)};{json.dumps(PUT_SCHEMA)};</tools><user>q<assistant>"]
 
 
 def test_explain_shows_the_environments_tools_in_the_prompt(user_dir, tiny_model_dir, capsys):
-    from grpo.cli import main
+    from grpo.commands.cli import main
     main(["explain", f"model={tiny_model_dir}", "environment=kvenv:KVStore",
           "tools=[mytools:weekday]", "sft_steps=0", "group_size=2", "max_new_tokens=4",
           "max_turns=1", "threads=1"])

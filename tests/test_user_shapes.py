@@ -87,7 +87,7 @@ def test_a_completion_of_several_messages_is_refused_naming_the_row(tmp_path):
 def test_grpo_score_still_reads_a_completion_column_of_several_texts(tmp_path):
     import json
 
-    from grpo.score import score_file
+    from grpo.commands.score import score_file
     f = tmp_path / "outputs.jsonl"
     f.write_text(json.dumps({"prompt": "2+2?", "answer": "4", "completion": ["4", "5"]}) + "\n")
     metrics = score_file([f"dataset={f}", "rewards=[exact_answer]"], out=str(tmp_path / "s.jsonl"))

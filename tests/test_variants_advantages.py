@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from grpo.advantages import (ADVANTAGES, batch_scaled, batch_token_normalized, group_centered,
-                             group_normalized, leave_one_out, process_supervision,
-                             reinforce_baseline, reinforce_outcome, token_returns, zero_std_fraction)
+from grpo.algorithm.advantages import (ADVANTAGES, batch_scaled, batch_token_normalized,
+                                       group_centered, group_normalized, leave_one_out,
+                                       process_supervision, reinforce_baseline, reinforce_outcome,
+                                       token_returns, zero_std_fraction)
 
 NAN = math.nan
 
@@ -307,8 +308,8 @@ def test_reinforce_pp_advantages_in_a_step_by_hand(tmp_path):
     # one group, rewards [1, 0], beta 0.5, k1 KL = old - ref per token.
     from grpo.config import load_config
     from grpo.rollout import Rollout
-    from grpo.train import set_advantages
-    from grpo.distributed import World
+    from grpo.step import set_advantages
+    from grpo.run.distributed import World
     c = load_config(overrides=["algorithm=reinforce_pp", "beta=0.5", "advantage_eps=0"])
     r = Rollout.__new__(Rollout)
     r.rewards = torch.tensor([1.0, 0.0])
@@ -347,7 +348,7 @@ def test_reinforce_pp_baseline_loss_value_and_gradient_by_hand_float64():
     # sequence_mean weights 1/2:
     #   -loss = 1/2 [(1.5 - .1 * .5 * .25) + (-.5 - .1 * .5 * .04)] = 1/2 (1.4875 - .502) = .49275
     #   d loss / d logp_t = -1/2 (A_t - beta * d_t) = [-1/2 (1.5 - .05), -1/2 (-.5 + .02)] = [-.725, .24]
-    from grpo.loss import policy_loss, sequence_mean_weights
+    from grpo.algorithm.loss import policy_loss, sequence_mean_weights
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.8]], dtype=torch.float64)
     mask = torch.ones(1, 2)

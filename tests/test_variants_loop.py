@@ -11,9 +11,9 @@ import torch
 import yaml
 
 from grpo.config import ALGORITHMS, build_config
-from grpo.loss import kl_penalized_rewards, truncated_importance_weights
+from grpo.algorithm.loss import LossSettings, kl_penalized_rewards, truncated_importance_weights
 from grpo.models import update_reference
-from grpo.rewards.shaping import overlong_penalty
+from grpo.algorithm.shaping import overlong_penalty
 from grpo.train import train
 
 PAPER_SETTINGS = {
@@ -46,7 +46,7 @@ def test_every_preset_has_its_paper_settings_listed_here():
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_preset_trains_from_the_command_line(name, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "grpo.cli", "train", f"algorithm={name}", "steps=2",
+    out = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "train", f"algorithm={name}", "steps=2",
                           "sft_steps=2", "eval_every=0", "prompts_per_step=4", "group_size=4",
                           f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -161,7 +161,7 @@ def test_masked_truncated_rows_take_no_part(tiny_model_dir):
     def grads(rollout):
         policy.zero_grad(set_to_none=True)
         stats = accumulate_gradients(policy, rollout, micro_batch_size=2, aggregation="token_mean",
-                                     beta=0.0, eps_low=0.2, eps_high=0.2)
+                                     settings=LossSettings(beta=0.0, eps_low=0.2, eps_high=0.2))
         return stats["loss"], [p.grad.clone() for p in policy.parameters() if p.grad is not None]
 
     loss_masked, g_masked = grads(r)

@@ -1,13 +1,15 @@
 """Policy-loss variants (dual clip, GSPO, CISPO), k1/k2/k3, the four aggregations, importance weights,
 and micro-batching of every combination, against hand numbers and a naive float64 reference."""
 
+import dataclasses
 import math
 import random
 
 import pytest
 import torch
 
-from grpo.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, policy_loss
+from grpo.algorithm.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, LossSettings, policy_loss
+from grpo.algorithm.loss import surrogate as loss_surrogate
 from helpers import T, grads_and_stats, make_rollout
 from grpo.update import logprobs_of
 
@@ -23,8 +25,8 @@ def surrogate(name, log_ratio, adv, eps_low=0.2, eps_high=0.2, clip_c=3.0):
     logp = torch.zeros(len(log_ratio), 1, dtype=torch.float64, requires_grad=True)
     old = -torch.tensor(log_ratio, dtype=torch.float64).unsqueeze(-1)
     a = torch.tensor(adv, dtype=torch.float64).unsqueeze(-1)
-    sur = POLICY_LOSSES[name](logp, old, a, torch.ones(len(log_ratio), 1), eps_low=eps_low,
-                              eps_high=eps_high, clip_c=clip_c)
+    settings = LossSettings(loss_type=name, eps_low=eps_low, eps_high=eps_high, clip_c=clip_c)
+    sur = loss_surrogate(logp, old, a, torch.ones(len(log_ratio), 1), settings)
     sur.objective.sum().backward()
     return (sur.objective[:, 0].tolist(), logp.grad[:, 0].tolist(), sur.clipped_low[:, 0].tolist(),
             sur.clipped_high[:, 0].tolist())
@@ -114,8 +116,7 @@ def gspo_example():
 
 def test_gspo_sequence_ratio_and_clip():
     logp, old, adv, mask = gspo_example()
-    sur = POLICY_LOSSES["gspo"](logp, old, adv.unsqueeze(-1), mask, eps_low=0.2, eps_high=0.2,
-                                clip_c=3.0)
+    sur = POLICY_LOSSES["gspo"](logp, old, adv.unsqueeze(-1), mask, eps_low=0.2, eps_high=0.2)
     # row 0: min(1.3498588 * 1, 1.2 * 1) = 1.2 on every token (padding's 5.0 is not in the mean:
     #        with it, s would be exp(5.6/3) = 6.47)
     # row 1: min(-1.3498588, -1.2) = -1.3498588 (A < 0: the high clip does not act)
@@ -640,12 +641,11 @@ def _sigmoid(x: float) -> float:
 def test_sapo_gate_value_and_gradient_by_hand_float64():
     # Three tokens: rho = 1.5 with A = +2 (tau_pos 1), rho = 0.5 with A = -1 (tau_neg 1.05), and
     # rho = 1 with A = +2, where the gate's slope is exactly 1: the plain policy gradient.
-    from grpo.loss import sapo
+    from grpo.algorithm.loss import sapo
     logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(1, 3, dtype=torch.float64)
     adv = torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64)
-    sur = sapo(logp, old, adv, torch.ones(1, 3), eps_low=0.2, eps_high=0.2, clip_c=3.0,
-               tau_pos=1.0, tau_neg=1.05)
+    sur = sapo(logp, old, adv, torch.ones(1, 3), tau_pos=1.0, tau_neg=1.05)
     s1, s2 = _sigmoid(0.5), _sigmoid(1.05 * -0.5)
     expected = [4 * s1 * 2.0, 4 / 1.05 * s2 * -1.0, 4 * 0.5 * 2.0]       # (4/tau) sigma(tau(rho-1)) A
     assert sur.objective.detach()[0].tolist() == pytest.approx(expected, rel=1e-12)
@@ -662,11 +662,11 @@ def test_gmpo_geometric_mean_clipped_in_log_space_by_hand_float64():
     # A = +1, log-ratios [0.1, 0.6], eps 0.4: the second is clipped to 0.4, J = e^(0.25), and only
     # the first token has a gradient, J / 2. A = -1, log-ratios [-0.6, 0.2]: the first is clipped
     # (below -0.4 with A < 0), J = -e^((-0.4 + 0.2) / 2), gradient -e^(-0.1) / 2 on the second.
-    from grpo.loss import gmpo, policy_loss, sequence_mean_weights
+    from grpo.algorithm.loss import gmpo, policy_loss, sequence_mean_weights
     logp = torch.tensor([[0.1, 0.6], [-0.6, 0.2]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(2, 2, dtype=torch.float64)
     adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
-    sur = gmpo(logp, old, adv, torch.ones(2, 2), eps_low=0.4, eps_high=0.4, clip_c=3.0)
+    sur = gmpo(logp, old, adv, torch.ones(2, 2), eps_low=0.4, eps_high=0.4)
     assert sur.objective.detach()[:, 0].tolist() == pytest.approx([math.exp(0.25), -math.exp(-0.1)], rel=1e-12)
     assert sur.clipped_high.tolist() == [[False, True], [False, False]]
     assert sur.clipped_low.tolist() == [[False, False], [True, False]]
@@ -682,10 +682,10 @@ def test_gmpo_geometric_mean_clipped_in_log_space_by_hand_float64():
 
 
 def test_gmpo_refuses_per_token_advantages():
-    from grpo.loss import gmpo
+    from grpo.algorithm.loss import gmpo
     with pytest.raises(ValueError, match="gmpo needs one advantage per completion"):
         gmpo(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
-             eps_low=0.4, eps_high=0.4, clip_c=3.0)
+             eps_low=0.4, eps_high=0.4)
 
 
 def test_sapo_and_gmpo_presets_set_the_papers_settings():
@@ -703,7 +703,7 @@ def test_token_covariance_by_hand():
     # tokens: log pi [ln .5, ln .25 | ln 1, (pad)], A [1 | -1]. N = 3 counted tokens:
     #   mean log pi = (-ln2 - 2 ln2 + 0) / 3 = -ln2; mean A = (1 + 1 - 1) / 3 = 1/3
     #   Cov = (log pi + ln2) (A - 1/3): [0, -ln2 * 2/3 | ln2 * -4/3, 0]
-    from grpo.loss import token_covariance
+    from grpo.algorithm.loss import token_covariance
     logp = torch.tensor([[math.log(0.5), math.log(0.25)], [0.0, -7.0]], dtype=torch.float64)
     cov = token_covariance(logp, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([[1, 1], [1, 0]]))
     assert cov.tolist()[0] == pytest.approx([0.0, -LN2 * 2 / 3], abs=1e-15)
@@ -718,7 +718,7 @@ COV = torch.tensor([[3.0, 1.0, 2.0], [5.0, 0.0, -1.0]])
 
 
 def test_kl_cov_tokens_are_the_top_k_fraction():
-    from grpo.loss import kl_cov_tokens
+    from grpo.algorithm.loss import kl_cov_tokens
     everything = torch.ones(2, 3)
     # floor(0.34 * 6) = 2 tokens: the covariances 5 and 3
     assert kl_cov_tokens(COV, everything, 0.34).tolist() == [[True, False, False], [True, False, False]]
@@ -730,7 +730,7 @@ def test_kl_cov_tokens_are_the_top_k_fraction():
 
 
 def test_clip_cov_tokens_are_drawn_from_the_band():
-    from grpo.loss import clip_cov_tokens
+    from grpo.algorithm.loss import clip_cov_tokens
     everything = torch.ones(2, 3)
     band = torch.tensor([[True, True, True], [False, False, False]])   # 1 <= cov <= 3
     draws = [clip_cov_tokens(COV, everything, 0.34, 1.0, 3.0, torch.Generator().manual_seed(s))
@@ -757,11 +757,10 @@ def test_clip_cov_detaches_the_selected_tokens_by_hand_float64():
     # rho = [1.5, 0.5, 1], A = [2, -1, 2], the middle token selected:
     #   objective [1.5 * 2, 0, 2] = [3, 0, 2]; d/dlogp (rho A) = rho A -> [3, 0, 2]. No PPO clip:
     #   token 0's ratio 1.5 is beyond 1 + epsilon and keeps its gradient.
-    from grpo.loss import clip_cov
+    from grpo.algorithm.loss import clip_cov
     logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
     sur = clip_cov(logp, torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64),
-                   torch.ones(1, 3), eps_low=0.2, eps_high=0.2, clip_c=3.0,
-                   selected=torch.tensor([[False, True, False]]))
+                   torch.ones(1, 3), selected=torch.tensor([[False, True, False]]))
     assert sur.objective.detach().tolist() == [pytest.approx([3.0, 0.0, 2.0], rel=1e-14)]
     sur.objective.sum().backward()
     assert logp.grad.tolist() == [pytest.approx([3.0, 0.0, 2.0], rel=1e-14)]
@@ -772,19 +771,17 @@ def test_kl_cov_penalizes_the_selected_tokens_by_hand_float64():
     # rho = [1.5, 0.5, 1], A = [2, -1, 2], tokens 0 and 1 selected, coef 1:
     #   objective [3 - ln 1.5, -0.5 - ln 2, 2]
     #   d/dlogp [rho A - sgn(log rho)] = [3 - 1, -0.5 + 1, 2] = [2, 0.5, 2]
-    from grpo.loss import kl_cov
+    from grpo.algorithm.loss import kl_cov
     logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
     sur = kl_cov(logp, torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64),
-                 torch.ones(1, 3), eps_low=0.2, eps_high=0.2, clip_c=3.0, kl_cov_coef=1.0,
-                 selected=torch.tensor([[True, True, False]]))
+                 torch.ones(1, 3), kl_cov_coef=1.0, selected=torch.tensor([[True, True, False]]))
     assert sur.objective.detach().tolist() == [pytest.approx([3 - math.log(1.5), -0.5 - LN2, 2.0], rel=1e-14)]
     sur.objective.sum().backward()
     assert logp.grad.tolist() == [pytest.approx([2.0, 0.5, 2.0], rel=1e-14)]
     # at rho = 1 (pi_theta = pi_old) the term is 0 and so is its gradient: the policy gradient A
     at_one = torch.zeros(1, 1, dtype=torch.float64, requires_grad=True)
     sur = kl_cov(at_one, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[2.0]], dtype=torch.float64),
-                 torch.ones(1, 1), eps_low=0.2, eps_high=0.2, clip_c=3.0, kl_cov_coef=1.0,
-                 selected=torch.tensor([[True]]))
+                 torch.ones(1, 1), kl_cov_coef=1.0, selected=torch.tensor([[True]]))
     sur.objective.sum().backward()
     assert (sur.objective.item(), at_one.grad.item()) == (2.0, 2.0)
 
@@ -820,9 +817,9 @@ def test_covariance_selection_leaves_out_environment_tokens_and_unscorable_rows(
     # kl_cov at k = .2 selects floor(.2 * 5) = 1 token: (1, 1). Were the environment token counted
     # (N = 6, means -9.5 and 0), token (0, 0) would lead with Cov 8.5.
     from grpo.config import load_config
-    from grpo.distributed import World
+    from grpo.run.distributed import World
     from grpo.rollout import Rollout
-    from grpo.train import covariance_selection
+    from grpo.step import covariance_selection
     r = Rollout.__new__(Rollout)
     r.completion_ids = torch.zeros(3, 3, dtype=torch.long)
     r.completion_mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1]])
@@ -874,11 +871,40 @@ def test_kl_cov_with_one_update_per_batch_is_noted_at_start():
 
 def test_gmpo_with_reinforce_pp_returns_is_refused_and_its_baseline_trains_the_counted_tokens():
     from grpo.config import ConfigError, load_config
-    from grpo.loss import gmpo
+    from grpo.algorithm.loss import gmpo
     with pytest.raises(ConfigError, match="gmpo takes one advantage per completion"):
         load_config(overrides=["algorithm=reinforce_pp", "loss_type=gmpo"])
     # the baseline variant without KL in the reward: one value per completion on its counted
     # tokens, 0 on padding (as the batch normalization leaves it) -> accepted, A = 2 on row 0
     sur = gmpo(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([[2.0, 2.0, 0.0], [-1.0, -1.0, -1.0]]),
-               torch.tensor([[1, 1, 0], [1, 1, 1]]), eps_low=0.4, eps_high=0.4, clip_c=3.0)
+               torch.tensor([[1, 1, 0], [1, 1, 1]]), eps_low=0.4, eps_high=0.4)
     assert sur.objective[:, 0].tolist() == [2.0, -1.0]
+
+
+def test_a_loss_takes_exactly_the_settings_it_uses_and_a_misspelled_one_is_an_error():
+    # The losses swallowed unknown settings with **_: a misspelled one was silently dropped.
+    import inspect
+    taken = {name: [p for p, v in inspect.signature(fn).parameters.items() if v.kind is v.KEYWORD_ONLY]
+             for name, fn in POLICY_LOSSES.items()}
+    assert taken == {"clip": ["eps_low", "eps_high"], "dual_clip": ["eps_low", "eps_high", "clip_c"],
+                     "gspo": ["eps_low", "eps_high"], "cispo": ["eps_low", "eps_high"],
+                     "sapo": ["tau_pos", "tau_neg"], "gmpo": ["eps_low", "eps_high"],
+                     "clip_cov": ["selected"], "kl_cov": ["selected", "kl_cov_coef"]}
+    logp, old = torch.zeros(1, 2), torch.zeros(1, 2)
+    with pytest.raises(TypeError, match="clip_c"):
+        POLICY_LOSSES["clip"](logp, old, torch.ones(1, 1), torch.ones(1, 2), eps_low=0.2, eps_high=0.2,
+                              clip_c=3.0)
+    with pytest.raises(TypeError, match="eps_hihg"):
+        LossSettings(eps_hihg=0.28)
+    with pytest.raises(ValueError, match="'clipp' is not one of"):
+        LossSettings(loss_type="clipp")
+    with pytest.raises(TypeError, match="eps_hihg"):
+        policy_loss(logp, old, None, torch.ones(1), torch.ones(1, 2), torch.ones(1, 2), eps_hihg=0.28)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LossSettings().beta = 1.0
+    # sapo reads its temperatures and nothing else: the clip's bounds do not change it
+    a = LossSettings(loss_type="sapo", eps_low=0.1, eps_high=0.1)
+    b = LossSettings(loss_type="sapo", eps_low=0.3, eps_high=0.5)
+    ratio = torch.tensor([[0.3, -0.2]])
+    assert torch.equal(loss_surrogate(ratio, old, torch.ones(1, 1), torch.ones(1, 2), a).objective,
+                       loss_surrogate(ratio, old, torch.ones(1, 1), torch.ones(1, 2), b).objective)

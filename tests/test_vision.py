@@ -273,8 +273,8 @@ class PictureGame:
         return "look "
 
     def step(self, text):
-        from grpo.environments import Step
-        from grpo.tasks.shapes import draw
+        from grpo.agents.environments import Step
+        from grpo.data.tasks.shapes import draw
         import random
         if not hasattr(self, "shown"):
             self.shown = True
@@ -283,7 +283,7 @@ class PictureGame:
 
 
 def _tiny_vlm():
-    from grpo.vision.tiny import build_tiny_vlm
+    from grpo.models.tiny_vision import build_tiny_vlm
     model, processor = build_tiny_vlm(hidden_size=32, layers=2, vision_hidden=32, vision_layers=1)
     tok = processor.tokenizer
     tok.grpo_processor, tok.padding_side = processor, "left"
@@ -291,8 +291,8 @@ def _tiny_vlm():
 
 
 def test_an_observation_image_enters_the_episode_once_as_image_tokens_masked_out_of_the_loss():
-    from grpo.episodes import EpisodeLimits, EpisodeSampler
-    from grpo.tasks.shapes import draw
+    from grpo.sampling.episodes import EpisodeLimits, EpisodeSampler
+    from grpo.data.tasks.shapes import draw
     import random
     model, tok = _tiny_vlm()
     image_token = vision.placeholder_ids(model)[0]
@@ -313,7 +313,7 @@ def test_an_observation_image_enters_the_episode_once_as_image_tokens_masked_out
     for i in range(len(rollout)):
         ids, policy, context = rollout.completion_ids[i], rollout.completion_mask[i], rollout.context_mask[i]
         images = ids == image_token
-        if rollout.episodes["turns"][i] < 2:            # its first turn was cut: no picture came
+        if rollout.episodes.turns[i] < 2:            # its first turn was cut: no picture came
             assert not images.any() and isinstance(rollout.visuals[i], vision.Visual)
             continue
         shown += 1
@@ -332,8 +332,8 @@ def test_an_observation_image_enters_the_episode_once_as_image_tokens_masked_out
 
 
 def test_an_observation_image_for_a_text_only_model_is_refused():
-    from grpo.environments import EnvironmentError_
-    from grpo.episodes import answer_ids
+    from grpo.agents.environments import EnvironmentError_
+    from grpo.sampling.episodes import answer_ids
     from grpo.models import build_tiny_tokenizer
     with pytest.raises(EnvironmentError_, match="observation holds an image, but the model is text-only"):
         answer_ids(build_tiny_tokenizer(), ["see", Image.new("RGB", (4, 4))])
@@ -341,7 +341,7 @@ def test_an_observation_image_for_a_text_only_model_is_refused():
 
 def _picture_rows(tmp_path, n=24):
     import random
-    from grpo.tasks.shapes import draw
+    from grpo.data.tasks.shapes import draw
     (tmp_path / "pics").mkdir(exist_ok=True)
     rows = []
     for i in range(n):
@@ -372,9 +372,9 @@ def test_a_vision_run_resumes_bit_for_bit(tmp_path):
 
 
 def test_a_tool_that_returns_a_picture_answers_with_image_tokens():
-    from grpo.episodes import Episode, answer_ids, respond
-    from grpo.tasks.shapes import draw
-    from grpo.tools import FORMATS, make_tool
+    from grpo.sampling.episodes import Episode, answer_ids, respond
+    from grpo.data.tasks.shapes import draw
+    from grpo.agents.tools import FORMATS, make_tool
     import random
 
     def chart(count: str):
@@ -397,7 +397,7 @@ def test_a_tool_that_returns_a_picture_answers_with_image_tokens():
 
 
 def test_an_observation_with_images_is_never_cut_through():
-    from grpo.episodes import Episode, EpisodeLimits, _add_answer, answer_ids
+    from grpo.sampling.episodes import Episode, EpisodeLimits, _add_answer, answer_ids
     model, tok = _tiny_vlm()
     ids, visuals = answer_ids(tok, ["see", Image.new("RGB", (32, 32), (9, 9, 9))])
     assert len(ids) == 3 + 16
@@ -414,7 +414,7 @@ def test_an_observation_with_images_is_never_cut_through():
 def test_a_processor_that_needs_a_missing_package_names_it_and_the_guide(tmp_path, monkeypatch):
     import transformers
     from grpo.models import ModelError, load_processor
-    from grpo.vision.tiny import build_tiny_vlm
+    from grpo.models.tiny_vision import build_tiny_vlm
     path = build_tiny_vlm(tmp_path / "m", hidden_size=32, layers=1, vision_hidden=32, vision_layers=1)
 
     def missing(*args, **kwargs):
@@ -426,7 +426,7 @@ def test_a_processor_that_needs_a_missing_package_names_it_and_the_guide(tmp_pat
 
 def test_the_report_shows_each_prompts_images_as_thumbnails_and_final_loads_with_its_processor(tmp_path):
     from grpo.models import load_policy, load_tokenizer
-    from grpo.report import write_report
+    from grpo.run.report import write_report
     from grpo.train import train
     run = tmp_path / "run"
     train(load_config(overrides=["task=shapes", "steps=2", "sft_steps=2", "eval_every=0",

@@ -2,6 +2,6 @@
 
 import sys
 
-from grpo.cli import main
+from grpo.commands.cli import main
 
 sys.exit(main())

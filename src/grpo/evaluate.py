@@ -30,21 +30,22 @@ import torch
 from grpo import build
 from grpo.config import TrainConfig, build_config, load_yaml, parse_overrides
 from grpo.data import columns_of
-from grpo.passk import binary_scores, summarize
-from grpo.progress import Progress, to_stderr
-from grpo.rewards import reward_name, score, unique_names
+from grpo.algorithm.passk import binary_scores, summarize
+from grpo.run.progress import Progress, to_stderr
+from grpo.rewards import faults, reward_name, score, unique_names
 from grpo.rewards.answers import extract_answer
+from grpo.sampling import Sampler
 
 BATCH_COMPLETIONS = 64   # completions per sampling call
 PROGRESS_LINES = 10      # progress lines an evaluation prints, about: one every tenth of the rows
 
 
 @contextmanager
-def sampling_at(sampler, temperature: float, seed: int, device):
+def sampling_at(sampler: Sampler, temperature: float, seed: int, device):
     """The sampler at `temperature` with no cut (no top-p, top-k or min-p) nor repetition penalty
     (pass@k is measured on the model's own distribution) under a forked, seeded random generator."""
     cuts = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
-    saved = sampler.temperature, {k: getattr(sampler, k) for k in cuts if hasattr(sampler, k)}
+    saved = sampler.temperature, {k: getattr(sampler, k) for k in cuts}
     devices = [device] if device is not None and device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -59,7 +60,7 @@ def sampling_at(sampler, temperature: float, seed: int, device):
                 setattr(sampler, k, v)
 
 
-def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step: int,
+def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: build.Data, record, step: int,
              on_batch: Callable[[int, float], None] | None = None,
              rows_file: str | Path | None = None,
              log: Callable[[str], None] | None = None) -> float:
@@ -73,15 +74,17 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
     results: list[dict] = []
     names = unique_names(data.eval_fns)
     per_fn: dict[str, list[float]] = {name: [] for name in names}   # eval_rewards: scored values
-    device = next(sampler.model.parameters()).device if hasattr(sampler, "model") else None
-    with sampling_at(sampler, c.eval.eval_temperature, c.run.seed * 1_000_003 + step, device):
+    device = sampler.device()
+    # its own scope of fault counts (faults.py): zeros of held-out completions are no step's
+    with sampling_at(sampler, c.eval.eval_temperature, c.run.seed * 1_000_003 + step, device), \
+            faults.counting():
         for start in range(0, len(data.eval_rows), per_call):
             rows = data.eval_rows[start:start + per_call]
-            rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows), n, greedy=n == 1,
+            rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows, data.agent), n, greedy=n == 1,
                                      rows=rows)
             columns = columns_of(rows, n)
             if by_environment:
-                scores = [0.0 if r is None else float(r) for r in rollout.episodes["env_reward"]]
+                scores = [0.0 if r is None else float(r) for r in rollout.episodes.env_reward]
             elif data.eval_fns:    # eval_rewards, their values checked as training checks rewards
                 _, values = score(data.eval_fns, [1.0] * len(names), rollout.prompts,
                                   rollout.completions, columns, on_error=c.reward.reward_on_error)
@@ -90,7 +93,7 @@ def evaluate(c: TrainConfig, sampler, tokenizer, data: build.Data, record, step:
                 scores = values[names[0]]
             else:
                 scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns)
-            calls = rollout.episodes["tool_calls"] if rollout.episodes else None
+            calls = rollout.episodes.tool_calls if rollout.episodes else None
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]
                 results.append({

@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from grpo.checkpoint import save_model_dir
+from grpo.run.checkpoint import save_model_dir
 from grpo.models import token_logprobs
-from grpo.resume import Stopped
+from grpo.run.resume import Stopped
 from grpo.sampling import vision_prompts
 
 

@@ -7,13 +7,15 @@ and gradient exactly (up to float summation order).
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import math
 from typing import Callable
 
 import torch
 
-from grpo import heap
-from grpo.loss import AGGREGATIONS, policy_loss
+from grpo.models import heap
+from grpo.algorithm.loss import AGGREGATIONS, LossSettings, policy_loss
 from grpo.models import token_logprobs
 from grpo.rollout import Rollout
 
@@ -83,7 +85,7 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
                                  completion_mask=part.completion_mask, visuals=part.visuals)
         out[torch.tensor(rows)] = _pad_right(logp.float().cpu(), T)
         del logp, part
-        heap.release(device)                      # each pass's shapes differ: see grpo.heap
+        heap.release(device)                      # each pass's shapes differ: see grpo.models.heap
     return out * rollout.completion_mask
 
 
@@ -116,12 +118,11 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                          weights: torch.Tensor | None = None, reduce=None,
                          passes: Callable[[int], int] | None = None,
                          selected: torch.Tensor | None = None,
-                         **loss_settings) -> dict[str, float]:
+                         settings: LossSettings = LossSettings()) -> dict[str, float]:
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
-    `loss_settings` go to `loss.policy_loss` (loss_type, beta, kl_estimator, eps_low, eps_high,
-    clip_c, tau_pos, tau_neg, kl_cov_coef: `train.loss_settings`); `selected` [N, T] are clip_cov's
-    or kl_cov's tokens of the batch (`train.covariance_selection`). The aggregation weights see the
+    `settings` (a LossSettings record: step.loss_settings) go to `loss.policy_loss`; `selected`
+    [N, T] are clip_cov's or kl_cov's tokens of the batch (`step.covariance_selection`). The aggregation weights see the
     whole step's mask, so micro-batching changes nothing.
     Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
     rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
@@ -139,7 +140,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
     totals = dict.fromkeys(["loss", "tokens", "clip_low", "clip_high", "kl", "ratio", "entropy"], 0.0)
     needed = rollout
-    if not loss_settings.get("beta"):
+    if not settings.beta:
         adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
         live = (adv * rollout.tokens_in_loss != 0).any(-1)
         if selected is not None:
@@ -168,14 +169,14 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                                   part.tokens_in_loss, weights[rows][:, :T].to(device),
                                   is_weights=None if is_weights is None else is_weights[rows][:, :T].to(device),
                                   selected=None if selected is None else selected[rows][:, :T].to(device),
-                                  **loss_settings)
+                                  **asdict(settings))
         loss.backward()
         totals["loss"] += loss.item()
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + value.item()
         totals["entropy"] += (entropy.detach() * part.tokens_in_loss).sum().item()
         del logp, entropy, old, loss, stats, part
-        heap.release(device)                      # each pass's shapes differ: see grpo.heap
+        heap.release(device)                      # each pass's shapes differ: see grpo.models.heap
     if reduce is not None:
         totals = reduce(totals)
     tokens = max(totals.pop("tokens"), 1.0)

@@ -9,8 +9,9 @@ Staleness is bounded by schedule, not by timing: the groups trained at step t ar
 the weights after step t-1-k exactly, with the draws of step t, so a run repeats bit for bit,
 resumes bit for bit (a checkpoint keeps the groups already sampled for the next k steps), and N
 workers give what one gives (each samples a fixed share of every step). k = 0 is the synchronous
-loop of train.py itself, with no worker.
+loop itself (inline.py), with no worker.
 
+    inline.py      k = 0: the learner's own engine samples and scores each step's groups
     worker.py      the worker process, the spare it is forked from, and the schedule (version_for)
     groups.py      the trainer's end: take, publish, ahead (for checkpoints), replace dead workers
     transport.py   torch.distributed point to point (gloo), with timeouts that name peer and tensor

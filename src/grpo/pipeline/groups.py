@@ -20,11 +20,12 @@ import signal
 import time
 
 from grpo.data import PromptStream
-from grpo.distributed import World
+from grpo.run.distributed import World
 from grpo.pipeline.transport import (CONTROL, PARTS, Channel, PeerLost, PipelineError, load_snapshot,
                                     snapshot)
-from grpo.pipeline.worker import HOST, Work, Zygote, part_of, version_for
+from grpo.pipeline.worker import HOST, Failed, Part, Work, Zygote, part_of, version_for
 from grpo.rollout import concat
+from grpo.step import Taken
 
 
 CONNECT_S = 120.0   # the longest a new rollout worker may take to join its trainer's group
@@ -41,7 +42,7 @@ class _Remote:
         self.channel.send_weights(version, flat)
         self.sent = version
 
-    def part(self, step: int) -> dict:
+    def part(self, step: int) -> Part | Failed:
         return self.channel.recv_object(PARTS, f"the groups of step {step}")
 
     def stop(self) -> None:
@@ -73,16 +74,15 @@ class _Local:
         self.versions[version] = flat
         self.sent = version
 
-    def part(self, step: int) -> dict:
+    def part(self, step: int) -> Part:
         version = version_for(step, self.work.k)
         load_snapshot(self.model, self.versions[version])
         for old in [v for v in self.versions if v < version]:
             del self.versions[old]
-        if hasattr(self.sampler, "sync"):
-            self.sampler.sync(self.model)
+        self.sampler.sync(self.model)
         now = time.time()
         part = part_of(self.work, self.sampler, self.stream, step, version, self.share)
-        part["wait"] = (now, now)
+        part.wait = (now, now)
         return part
 
     def stop(self) -> None:
@@ -93,10 +93,12 @@ class Groups:
     """Where a trainer process's groups come from with async_steps = k > 0."""
 
     def __init__(self, work: Work, *, workers: int, world: World, first: int, stream_state: dict,
-                 queued: dict[int, dict] | None, restarts: int, log=print):
+                 queued: dict[int, list] | None, restarts: int, log=print):
         self.work, self.k, self.world, self.log = work, work.k, world, log
         self.restarts_left, self.restarts = restarts, 0
-        self.queue: dict[int, dict] = dict(queued or {})
+        # a checkpoint's queued steps (an older grpo's hold dicts)
+        self.queue: dict[int, list[Part]] = {s: [Part.of(p) for p in parts]
+                                             for s, parts in (queued or {}).items()}
         self.version = first - 1                    # the trainer's weights now
         self.next = first + len(self.queue)         # the first step no worker has sent yet
         self.stream_state = stream_state            # the data position before step `next`
@@ -171,31 +173,39 @@ class Groups:
 
     # ---------------------------------------------------------------- the trainer's calls
 
-    def take(self, step: int) -> tuple:
-        """(rollout, extra metrics, worker timer, worker faults) of step `step`."""
+    colocated = False   # the workers' engines sample; the trainer's engine only evaluates
+
+    def take(self, step: int) -> Taken:
+        """Step `step`'s groups, the workers' metrics and timers (the slowest's: they run side by
+        side) and the counts of why built-in rewards scored 0 in them."""
         waited = time.time()
         if step not in self.queue:
             self._receive(step)
         got = time.time()
         parts = self.queue.pop(step)
         self.timeline.append({"step": step, "trainer_wait": (waited, got),
-                              "workers": [{"wait": p["wait"], "work": p["work"]} for p in parts]})
+                              "workers": [{"wait": p.wait, "work": p.work} for p in parts]})
         # trimmed: the same columns however the rows were split among workers (shapes change float sums)
-        rollout = concat([p["rollout"] for p in parts], self.work.pad_token_id).trimmed()
+        rollout = concat([p.rollout for p in parts], self.work.pad_token_id).trimmed()
         extra: dict = {}
-        timer = {"sample": 0.0, "reward": 0.0}
         worker_faults: dict = {}
         for p in parts:
-            for key, value in p["extra"].items():
+            for key, value in p.extra.items():
                 extra[key] = extra.get(key, 0) + value
-            for key in timer:   # workers run side by side: the step waited for the slowest
-                timer[key] = max(timer[key], p["timer"][key])
-            for key, n in p["faults"].items():
+            for key, n in p.faults.items():
                 worker_faults[key] = worker_faults.get(key, 0) + n
         extra["pipeline/trainer_wait_s"] = got - waited
-        extra["pipeline/worker_wait_s"] = max(p["wait"][1] - p["wait"][0] for p in parts)
+        extra["pipeline/worker_wait_s"] = max(p.wait[1] - p.wait[0] for p in parts)
         extra["pipeline/worker_restarts"] = self.restarts
-        return rollout, extra, timer, worker_faults
+        # workers run side by side: the step waited for the slowest
+        return Taken(rollout, extra, max(p.sample_s for p in parts), max(p.reward_s for p in parts),
+                     worker_faults)
+
+    def send_weights(self, step: int, policy) -> float:
+        """publish, timed: the weights after `step` are version `step`."""
+        started = time.perf_counter()
+        self.publish(step, policy)
+        return time.perf_counter() - started
 
     def _receive(self, step: int) -> None:
         """Every worker's part of step `step` (the next one due), replacing workers that die."""
@@ -209,13 +219,13 @@ class Groups:
                     break
                 except PeerLost as e:
                     self._replace(j, e)
-            if "error" in part:
-                raise part["error"]
-            if part["step"] != step:
-                raise PipelineError(f"rollout worker {j} sent step {part['step']}, expected {step}")
+            if isinstance(part, Failed):
+                raise part.error
+            if part.step != step:
+                raise PipelineError(f"rollout worker {j} sent step {part.step}, expected {step}")
             parts.append(part)
         self.queue[step] = parts
-        self.stream_state = parts[0]["stream"]
+        self.stream_state = parts[0].stream
         self.next = step + 1
 
     def publish(self, step: int, policy) -> None:

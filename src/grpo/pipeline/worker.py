@@ -21,14 +21,14 @@ import signal
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from grpo.checkpoint import fault_point
+from grpo.run.checkpoint import fault_point
 from grpo.data import PromptStream
-from grpo.distributed import World
+from grpo.run.distributed import World
 from grpo.pipeline.transport import CONTROL, PARTS, Channel, PipelineError
 from grpo.rewards import faults
 
@@ -63,35 +63,70 @@ def tag(rollout, version: int) -> None:
     rollout.versions = torch.where(rollout.real_mask.bool(), version, -1).long()
 
 
+@dataclass
+class Part:
+    """One worker's share of one step's groups, as it reaches the trainer and as a checkpoint
+    keeps it (pipeline.pt's queued steps)."""
+    step: int
+    version: int                       # the weights that drew every token
+    rollout: object                    # a Rollout, scored once `scored` has run
+    stream: dict                       # the worker's data position after this step
+    sample_s: float                    # drawing, in the worker
+    reward_s: float = 0.0              # scoring, in the worker
+    extra: dict = field(default_factory=dict)   # the worker's metrics, summed over workers
+    faults: dict = field(default_factory=dict)  # why built-in rewards scored 0, counted
+    work: tuple = (0.0, 0.0)           # wall clock: drawing began, scoring ended
+    wait: tuple = (0.0, 0.0)           # wall clock: the wait for this step's weights
+
+    @classmethod
+    def of(cls, part) -> "Part":
+        """`part` itself, or a Part from the dict a checkpoint of an older grpo holds."""
+        if isinstance(part, cls):
+            return part
+        return cls(step=part["step"], version=part["version"], rollout=part["rollout"],
+                   stream=part["stream"], sample_s=part["timer"]["sample"],
+                   reward_s=part["timer"]["reward"], extra=part["extra"],
+                   faults=part.get("faults", {}), work=tuple(part["work"]),
+                   wait=tuple(part.get("wait", part["work"])))
+
+
+@dataclass(frozen=True)
+class Failed:
+    """What a worker sends instead of a Part when it fails: the trainer raises `error`."""
+    error: BaseException
+    trace: str
+
+
 def part_of(work: Work, sampler, stream: PromptStream, step: int, version: int,
-            share: World) -> dict:
+            share: World) -> Part:
     """This worker's share of step `step`'s groups, scored, every token tagged with `version`."""
     started = time.time()
-    rollout, extra, timer = work.sample(sampler, stream, step, share)
+    with faults.counting() as counts:
+        rollout, extra, timer = work.sample(sampler, stream, step, share)
     tag(rollout, version)
-    return {"step": step, "rollout": rollout, "extra": extra, "timer": timer, "version": version,
-            "stream": stream.state_dict(), "faults": faults.take(), "work": (started, time.time())}
+    return Part(step, version, rollout, stream.state_dict(), timer["sample"], timer["reward"],
+                extra, counts.metrics(), (started, time.time()))
 
 
 def drawn_part(work: Work, sampler, stream: PromptStream, step: int, version: int,
-               share: World) -> dict:
+               share: World) -> Part:
     """The same share, sampled but not yet scored (`scored` finishes it)."""
     started = time.time()
     rollout = work.draw(sampler, stream, step, share)
     tag(rollout, version)
     sampled = time.time()
-    return {"step": step, "rollout": rollout, "extra": {}, "version": version,
-            "timer": {"sample": sampled - started, "reward": 0.0},
-            "stream": stream.state_dict(), "work": (started, sampled)}
+    return Part(step, version, rollout, stream.state_dict(), sampled - started,
+                work=(started, sampled))
 
 
-def scored(work: Work, part: dict) -> dict:
+def scored(work: Work, part: Part) -> Part:
     """Score a drawn part (in the worker's scoring thread, while the next step is drawn)."""
     started = time.time()
-    work.score(part["rollout"])
-    part["timer"]["reward"] = time.time() - started
-    part["faults"] = faults.take()   # one scoring thread: these are this part's
-    part["work"] = (part["work"][0], time.time())
+    with faults.counting() as counts:
+        work.score(part.rollout)
+    part.reward_s = time.time() - started
+    part.faults = counts.metrics()
+    part.work = (part.work[0], time.time())
     return part
 
 
@@ -135,19 +170,18 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
                 version = channel.recv_weights(model)
             if version != need:
                 raise RuntimeError(f"step {step} needs weight version {need}, the trainer sent {version}")
-            if hasattr(sampler, "sync"):
-                sampler.sync(model)   # an engine of its own (vLLM) takes the version's weights
+            sampler.sync(model)   # an engine of its own (vLLM) takes the version's weights
             fault_point("rollout")
             for done in [f for f in scoring if f.done()]:
                 done.result()   # a scoring thread's error stops the worker here
                 scoring.remove(done)
             if scorer is None:
                 part = part_of(work, sampler, stream, step, version, share)
-                part["wait"] = (waited, part["work"][0])
+                part.wait = (waited, part.work[0])
                 channel.send_object(part, PARTS)
                 continue
             part = drawn_part(work, sampler, stream, step, version, share)
-            part["wait"] = (waited, part["work"][0])
+            part.wait = (waited, part.work[0])
             scoring.append(scorer.submit(_score_and_send, work, channel, part))
         for f in scoring:
             f.result()
@@ -155,7 +189,7 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
     except BaseException as e:   # noqa: BLE001 - the trainer reports it; we only pass it on
         code = 1
         try:
-            channel.send_object({"error": _portable(e), "trace": traceback.format_exc()}, PARTS)
+            channel.send_object(Failed(_portable(e), traceback.format_exc()), PARTS)
             channel.recv_object(CONTROL, "the stop message")
         except BaseException:   # noqa: BLE001 - the trainer is gone too
             pass
@@ -165,13 +199,13 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
         os._exit(code)
 
 
-def _score_and_send(work: Work, channel: Channel, part: dict) -> None:
+def _score_and_send(work: Work, channel: Channel, part: Part) -> None:
     """The scoring thread's job: score the part and send it, or send what went wrong (the main
     thread may be waiting for weights that only come once the trainer has this part)."""
     try:
         part = scored(work, part)
     except BaseException as e:   # noqa: BLE001 - passed on to the trainer, which raises it
-        part = {"error": _portable(e), "trace": traceback.format_exc()}
+        part = Failed(_portable(e), traceback.format_exc())
     channel.send_object(part, PARTS)
 
 

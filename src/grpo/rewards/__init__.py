@@ -18,7 +18,7 @@ from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, extract_answer, final_answer, math_accuracy
 from grpo.rewards.code import CodeTests, code_tests
 from grpo.rewards import faults
-from grpo.rewards.workers import find
+from grpo.sandbox.pool import find
 
 RewardFn = Callable[..., list]
 
@@ -168,9 +168,11 @@ def score(fns: list[RewardFn], weights: list[float], prompts: list[str], complet
     names = unique_names(fns)
     per_fn: dict[str, list[float | None]] = {}
     # The functions run concurrently: a reward model, a server and math workers overlap their waits.
+    # Each runs in this caller's context, so what it counts (faults.py) is this caller's.
     with ThreadPoolExecutor(max_workers=max(1, len(fns))) as pool:
-        outputs = list(pool.map(lambda fn_name: _call(fn_name[0], fn_name[1], prompts, completions,
-                                                      columns, on_error), zip(fns, names)))
+        outputs = list(pool.map(faults.carried(lambda fn_name: _call(fn_name[0], fn_name[1], prompts,
+                                                                     completions, columns, on_error)),
+                                zip(fns, names)))
     for name, values in zip(names, outputs):
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__

@@ -305,7 +305,7 @@ def verifier_pool():
     if _POOL is None:
         import atexit
 
-        from grpo.rewards.workers import DeadlinePool
+        from grpo.sandbox.pool import DeadlinePool
         _POOL = DeadlinePool(verify_against, workers=MATH_WORKERS, deadline_s=MATH_DEADLINE_S,
                              cpu_s=MATH_CPU_S)
         atexit.register(_POOL.close)

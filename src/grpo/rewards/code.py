@@ -38,8 +38,8 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 from grpo.rewards import faults
-from grpo.rewards.harness import NotPlain, Unhashed, decode_unhashed, encode, same
-from grpo.rewards.sandbox import Limits, isolation_level, run_program
+from grpo.sandbox.harness import NotPlain, Unhashed, decode_unhashed, encode, same
+from grpo.sandbox.isolate import Limits, isolation_level, run_program
 
 
 class CodeTestsError(ValueError):
@@ -710,7 +710,8 @@ class CodeTests:
                         "be the one checked; put its code in the prompt (plain or in a ``` block) "
                         "or in the tests")
         with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(self.score_one, prompts, completions, specs))
+            # in the caller's context: the causes counted are its scope's (faults.py)
+            return list(pool.map(faults.carried(self.score_one), prompts, completions, specs))
 
     def score_one(self, prompt: str, completion: str, spec: TestSpec) -> float:
         passed, total = self.run(prompt, completion, spec)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.decoder import share
 
 TOWERS = ("vision_tower", "visual", "vision_model")   # what each family calls its image encoder
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -32,6 +31,29 @@ class Visual:
     image_grid_thw, pixel_attention_mask, image_sizes)."""
     pixels: dict[str, torch.Tensor]
     images: int               # how many images the prompt holds
+
+
+class _Share(torch.autograd.Function):
+    """x[index] whose backward sums each source row's gradients with a matrix product, in a fixed
+    order; indexing's own backward accumulates with threads in an order that varies run to run."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        onehot = torch.zeros(ctx.rows, len(index), dtype=grad.dtype, device=grad.device)
+        onehot[index, torch.arange(len(index), device=grad.device)] = 1.0
+        return (onehot @ grad.reshape(len(index), -1)).view(ctx.rows, *grad.shape[1:]), None
+
+
+def share(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` picked by `index` (prompt rows for their completions), deterministically."""
+    return _Share.apply(x, index)
 
 
 def _inner(model):
@@ -101,7 +123,7 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _pick(x, units: list[int]):
-    """Feature sets by unit, repeats included; a tensor through decoder.share, whose backward
+    """Feature sets by unit, repeats included; a tensor through share, whose backward
     sums a unit's rows in a fixed order (indexing's own accumulates in a varying one)."""
     if isinstance(x, torch.Tensor):
         return share(x, torch.tensor(units, dtype=torch.long, device=x.device))

@@ -1,0 +1,7 @@
+"""The `grpo` command and the commands that are not training.
+
+    cli       `grpo train|sft|eval|score|bench|explain|report`: arguments, exit statuses, one-line errors
+    bench     `grpo bench`: the step timed on this machine
+    score     `grpo score`: a file of completions scored by the rewards
+    explain   `grpo explain`: one group's numbers, stage by stage
+"""

