@@ -369,10 +369,10 @@ def test_the_decoupled_objective_with_a_correction_logs_what_it_did(tiny_model_d
 
 
 def test_dynamic_sampling_over_several_workers_is_refused_before_any_work(tiny_model_dir, tmp_path):
-    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "ds"),
-                      "async_steps": 1, "rollout_workers": 2, "dynamic_sampling": True})
     with pytest.raises(ConfigError, match=r"dynamic_sampling' with async_steps needs one rollout worker"):
-        train(c, log=lambda line: None)
+        train(build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "ds"),
+                            "async_steps": 1, "rollout_workers": 2, "dynamic_sampling": True}),
+              log=lambda line: None)
     assert not (tmp_path / "ds").exists()
 
 
@@ -405,14 +405,16 @@ def test_an_async_checkpoint_resumed_without_async_steps_is_refused(tiny_model_d
     run(tmp_path, "r", tiny_model_dir, async_steps=1, steps=2, save_every=2)
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "r"),
                       "steps": 4, "resume": "auto"})
+    written = (tmp_path / "r" / "config.yaml").read_text()
     with pytest.raises(ConfigError, match=r"was written with async_steps .*resume it with the async_steps"):
         train(c, reward_fns=[varied], log=lambda line: None)
+    assert (tmp_path / "r" / "config.yaml").read_text() == written    # refused before any work
 
 
 def test_async_steps_on_a_gpu_model_is_refused_with_the_reason():
     from types import SimpleNamespace
-    from grpo.run.distributed import World
-    from grpo.assemble import start_pipeline
-    on_gpu = SimpleNamespace(policy=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)])))
+    from grpo.assemble import check_pipeline
+    on_gpu = SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)]))
     with pytest.raises(ConfigError, match="a CUDA context does not survive fork, so async_steps runs on CPUs"):
-        start_pipeline(build_config({"async_steps": 1}), on_gpu, None, None, None, 1, None, World(), print)
+        check_pipeline(build_config({"async_steps": 1}), None, on_gpu)
+    check_pipeline(build_config({"async_steps": 0}), None, on_gpu)            # sync: fine on a GPU

@@ -1,9 +1,9 @@
 """A run put together from its config, with every start-up check in one place and one order.
 
     config ──▶ with_given ──▶ checks on the config (choices, processes, trackers, engine, push)
-           ──▶ checkpoint? (resume=) ──▶ finished: nothing to assemble
+           ──▶ checkpoint? (resume=; queued groups need async_steps) ──▶ finished: nothing to do
            ──▶ data, rewards, agent ──▶ model and tokenizer ──▶ checks on data and model
-               (images, prompt lengths, lr, selection, batch, rewards on one row)
+               (async_steps off CUDA, images, prompt lengths, lr, selection, batch, rewards on one row)
            ──▶ the policy GRPO starts from (resumed weights, or the cold start)
            ──▶ learner (reference, sampler, optimizer) ──▶ resumed state ──▶ group source
                (inline for async_steps=0, the pipeline's rollout workers otherwise)
@@ -92,6 +92,7 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
     if c.run.resume:
         resume.found_everywhere(checkpoint, world)
+    check_pipeline(c, checkpoint)
     run = Run(c, world, log, write_files, checkpoint)
     if checkpoint is not None and resume.finished(checkpoint, c.run.steps, run_dir):
         run.finished = True
@@ -105,6 +106,7 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         policy, tokenizer = build.load_model_and_tokenizer(c, run_dir if write_files else None, log,
                                                            world)
     distributed.broadcast_parameters(policy, world)
+    check_pipeline(c, None, policy)
     build.check_images(c, tokenizer, data)
     build.fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     build.check_lr(c, policy, log)
@@ -194,19 +196,9 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
     sample step t's groups from the weights after step t-1-k with step t's draws. The machine's
     cores are split between the trainer and its workers (torch threads per role)."""
     p = c.pipeline
-    ahead = resume.pipeline_state(checkpoint, world)
-    if not p.async_steps:
-        if ahead is not None:
-            raise build.ConfigError(
-                f"config key 'async_steps': checkpoint {checkpoint} was written with async_steps "
-                f"(its groups for the next steps are queued in it); resume it with the async_steps "
-                f"of its config.yaml")
+    if not p.async_steps:          # check_pipeline has refused a checkpoint with queued groups
         return None
-    if any(t.is_cuda for t in learner.policy.parameters()):
-        raise build.ConfigError(
-            "config key 'async_steps': the rollout workers are forks of the trainer, and a CUDA "
-            "context does not survive fork, so async_steps runs on CPUs for now "
-            "(docs/guides/async.md); set async_steps=0 on a GPU")
+    ahead = resume.pipeline_state(checkpoint, world)
     trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(),
                                                     p.rollout_workers)
     trainer_threads, worker_threads = p.trainer_threads or trainer_threads, p.worker_threads or worker_threads
@@ -235,18 +227,25 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
                   restarts=p.worker_restarts, log=log)
 
 
+def check_pipeline(c: TrainConfig, checkpoint: Path | None, policy=None) -> None:
+    """A checkpoint whose groups are queued resumes only with async_steps; async_steps forks
+    rollout workers, which a CUDA model cannot be (`policy` given once it is loaded)."""
+    if not c.pipeline.async_steps:
+        if checkpoint is not None and (checkpoint / "pipeline.pt").is_file():
+            raise build.ConfigError(
+                f"config key 'async_steps': checkpoint {checkpoint} was written with async_steps "
+                f"(its groups for the next steps are queued in it); resume it with the async_steps "
+                f"of its config.yaml")
+        return
+    if policy is not None and any(t.is_cuda for t in policy.parameters()):
+        raise build.ConfigError(
+            "config key 'async_steps': the rollout workers are forks of the trainer, and a CUDA "
+            "context does not survive fork, so async_steps runs on CPUs for now "
+            "(docs/guides/async.md); set async_steps=0 on a GPU")
+
+
 def check_world(c: TrainConfig, world: distributed.World) -> None:
     """What several processes cannot do yet, or cannot split evenly, said before any work."""
-    if c.model.lora_r and c.run.ref_reset_every:
-        raise build.ConfigError("config key 'ref_reset_every' cannot be used with LoRA ('lora_r' > 0): "
-                                "the reference is the policy at the start of GRPO with the adapter off")
-    if c.model.lora_r and c.run.parallel == "fsdp":
-        raise build.ConfigError("config key 'parallel': fsdp with LoRA ('lora_r' > 0) is not supported; "
-                                "use parallel=ddp (the base model is frozen, so only the adapter is synced)")
-    if c.pipeline.async_steps and c.sampling.dynamic_sampling and c.pipeline.rollout_workers > 1:
-        raise build.ConfigError("config key 'dynamic_sampling' with async_steps needs one rollout worker "
-                                f"(rollout_workers={c.pipeline.rollout_workers}): each worker would "
-                                "refill only its own share of the groups; set rollout_workers=1")
     shares = world.size * max(1, c.pipeline.rollout_workers)
     if c.pipeline.async_steps and c.sampling.prompts_per_step % shares:
         raise build.ConfigError(

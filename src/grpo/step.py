@@ -36,7 +36,7 @@ from grpo.algorithm.loss import (AGGREGATIONS, COVARIANCE_LOSSES, CORRECTIONS, L
                                  clip_cov_tokens, kl_cov_tokens, kl_penalized_rewards, token_covariance,
                                  token_kl)
 from grpo.config import TrainConfig
-from grpo.config.plan import Plan, plan_of
+from grpo.config.plan import Plan
 from grpo.rollout import Rollout
 from grpo.run import distributed
 from grpo.run.metrics import everyones_faults, everyones_rows, step_metrics
@@ -101,11 +101,11 @@ class Learner:
     sampler: Sampler
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    plan: Plan                   # config.plan_of(config), decided at start (make_learner)
     skipped_in_a_row: int = 0    # updates skipped for a non-finite loss or gradient, consecutive
     skipped_total: int = 0
     world: distributed.World = distributed.World()   # this process's rank among `size`
     step: int = 0                # the GRPO step being taken (it seeds the sampling draws)
-    plan: Plan | None = None     # config.plan_of(config), decided at start (make_learner)
 
 
 def grpo_step(c: TrainConfig, learner: Learner, source: GroupSource, agent=None,
@@ -164,7 +164,7 @@ def rewards_to_advantages(c: TrainConfig, learner: Learner, rollout: Rollout, ag
         rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
     extra.update(set_advantages(c, rollout, agent, learner.world))
     is_weights = None
-    if (correction := (learner.plan or plan_of(c)).correction) is not None:
+    if (correction := learner.plan.correction) is not None:
         is_weights, correction_stats = off_policy_weights(rollout, *correction)
         extra.update(correction_stats)
     selected = None
@@ -265,7 +265,7 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
     pi_old recomputed by a pass of the policy, or the behaviour policy's (the sampler's) log-probs,
     or none ("current": the updates' own, detached); pi_ref from the frozen copy, or from the
     policy with its LoRA adapter off."""
-    plan = learner.plan or plan_of(c)
+    plan = learner.plan
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     if plan.pi_old == "behaviour":
         # async_steps: the workers' weights sampled these tokens; their log-probs are pi_old
@@ -316,7 +316,7 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
     updates = []
     settings = loss_settings(c)   # one record for the step's updates
     for iteration in range(c.optim.num_iterations):
-        on_policy = iteration == 0 and (learner.plan or plan_of(c)).first_update_on_policy
+        on_policy = iteration == 0 and learner.plan.first_update_on_policy
         chosen = selection_for_update(c, selected, on_policy)
         if observer is not None:
             observer.before_update(iteration, rollout, chosen)

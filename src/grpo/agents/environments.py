@@ -26,7 +26,6 @@ as a reward's is (sandbox/pool.find).
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import zlib
 import threading
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from grpo.agents.tools import Tool, ToolError, make_tool
+from grpo.rewards import faults
 
 
 class EnvironmentError_(RuntimeError):
@@ -67,7 +67,7 @@ def with_deadline(fn: Callable, deadline_s: float, *args) -> tuple[Any, str | No
             box["error"] = f"{type(e).__name__}: {e}"
 
     # in the caller's context: a reward it calls counts its zeros in the caller's scope (faults.py)
-    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)
+    worker = threading.Thread(target=faults.carried(target), daemon=True)
     worker.start()
     worker.join(deadline_s)
     if worker.is_alive():

@@ -31,7 +31,6 @@ program in the code sandbox, its output capped).
 from __future__ import annotations
 
 import ast
-import contextvars
 import inspect
 import json
 import atexit
@@ -44,6 +43,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from grpo.rewards import faults
 from grpo.rewards.answers import tagged
 
 
@@ -348,7 +348,7 @@ def _in_thread(tool: Tool, arguments: dict, deadline_s: float) -> tuple[str, Any
         except BaseException as e:  # noqa: BLE001 - user code may raise anything
             box["error"] = f"{type(e).__name__}: {e}"
 
-    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
+    worker = threading.Thread(target=faults.carried(target), daemon=True,
                               name=f"tool-{tool.name}")   # in the caller's context (faults.py)
     worker.start()
     worker.join(deadline_s)

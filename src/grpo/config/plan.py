@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COVARIANCE_LOSSES = ("clip_cov", "kl_cov")   # their token selection reads log pi_old
+# Their token selection reads log pi_old. algorithm/loss.py holds the same tuple, which this
+# lower layer may not import; tests/test_plan.py holds the two equal.
+COVARIANCE_LOSSES = ("clip_cov", "kl_cov")
 
 
 @dataclass(frozen=True)

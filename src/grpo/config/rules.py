@@ -296,6 +296,28 @@ def _one_weight_per_reward(c: dict) -> str | None:
     return None
 
 
+def _lora_keeps_its_reference(c: dict) -> str | None:
+    if c["lora_r"] and c["ref_reset_every"]:
+        return ("config key 'ref_reset_every' cannot be used with LoRA ('lora_r' > 0): "
+                "the reference is the policy at the start of GRPO with the adapter off")
+    return None
+
+
+def _lora_not_sharded(c: dict) -> str | None:
+    if c["lora_r"] and c["parallel"] == "fsdp":
+        return ("config key 'parallel': fsdp with LoRA ('lora_r' > 0) is not supported; "
+                "use parallel=ddp (the base model is frozen, so only the adapter is synced)")
+    return None
+
+
+def _async_dynamic_sampling_one_worker(c: dict) -> str | None:
+    if c["async_steps"] and c["dynamic_sampling"] and c["rollout_workers"] > 1:
+        return ("config key 'dynamic_sampling' with async_steps needs one rollout worker "
+                f"(rollout_workers={c['rollout_workers']}): each worker would "
+                "refill only its own share of the groups; set rollout_workers=1")
+    return None
+
+
 # The rules across keys, checked in this order after BOUNDS; the first that fails is the error.
 RULES: tuple[Rule, ...] = (
     Rule("mixed_precision_choice", _one_of("mixed_precision", "no", "bf16")),
@@ -325,6 +347,9 @@ RULES: tuple[Rule, ...] = (
     Rule("vllm_server_needs_url", _vllm_server_needs_url),
     Rule("vllm_server_is_synchronous", _vllm_server_is_synchronous),
     Rule("parallel_choice", _one_of("parallel", "ddp", "fsdp")),
+    Rule("lora_keeps_its_reference", _lora_keeps_its_reference),
+    Rule("lora_not_sharded", _lora_not_sharded),
+    Rule("async_dynamic_sampling_one_worker", _async_dynamic_sampling_one_worker),
     Rule("unscorable_choice", _one_of("unscorable", "any", "all", after=(
         ": any (a row is unscorable when any reward function returns None for it) or all (only "
         "when every one does)"))),

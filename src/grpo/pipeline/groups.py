@@ -219,7 +219,8 @@ class Groups:
                     break
                 except PeerLost as e:
                     self._replace(j, e)
-            if isinstance(part, Failed):
+            if isinstance(part, Failed):   # its traceback in the worker, shown under the trainer's
+                part.error.add_note(f"in rollout worker {j}:\n{part.trace.rstrip()}")
                 raise part.error
             if part.step != step:
                 raise PipelineError(f"rollout worker {j} sent step {part.step}, expected {step}")

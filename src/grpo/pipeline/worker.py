@@ -112,11 +112,12 @@ def drawn_part(work: Work, sampler, stream: PromptStream, step: int, version: in
                share: World) -> Part:
     """The same share, sampled but not yet scored (`scored` finishes it)."""
     started = time.time()
-    rollout = work.draw(sampler, stream, step, share)
+    with faults.counting() as counts:     # what drawing counts (a tool's, an environment's)
+        rollout = work.draw(sampler, stream, step, share)
     tag(rollout, version)
     sampled = time.time()
     return Part(step, version, rollout, stream.state_dict(), sampled - started,
-                work=(started, sampled))
+                faults=counts.metrics(), work=(started, sampled))
 
 
 def scored(work: Work, part: Part) -> Part:
@@ -125,7 +126,8 @@ def scored(work: Work, part: Part) -> Part:
     with faults.counting() as counts:
         work.score(part.rollout)
     part.reward_s = time.time() - started
-    part.faults = counts.metrics()
+    for key, n in counts.metrics().items():       # added to what drawing counted
+        part.faults[key] = part.faults.get(key, 0) + n
     part.work = (part.work[0], time.time())
     return part
 
