@@ -64,11 +64,15 @@ def test_each_timer_measures_what_its_name_says(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(step_module, "set_advantages", slow)
+    from grpo.sampling import HFSampler      # an engine's weight load is time/sync_s, not update's
+    monkeypatch.setattr(HFSampler, "sync", lambda self, policy: time.sleep(0.2))
     c = build_config({"steps": 2, "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2,
                       "group_size": 2, "max_new_tokens": 4, "output_dir": str(tmp_path)})
     for m in train(c, log=lambda s: None, write_files=False).history:
         assert m["time/advantage_s"] >= 0.25 and m["time/reward_s"] < 0.2, m
-        parts = sum(m[f"time/{k}_s"] for k in ("sample", "reward", "reference", "advantage", "update"))
+        assert m["time/sync_s"] >= 0.2 and m["time/update_s"] < 0.2, m
+        parts = sum(m[f"time/{k}_s"] for k in ("sample", "reward", "reference", "advantage", "update",
+                                                "sync"))
         assert parts <= m["time/step_s"] < parts + 0.1
 
 

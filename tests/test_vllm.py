@@ -217,6 +217,48 @@ def test_the_readmes_vllm_command_trains_on_a_fresh_engine(tmp_path):
     assert all(r["sampler/logp_diff"] < 1e-4 for r in rows)
 
 
+LORA_RUN = """
+import json, sys
+from grpo.config import build_config
+from grpo.sampling.vllm import VLLMEngine
+from grpo.train import train
+
+if __name__ == "__main__":
+    model, out = sys.argv[1], sys.argv[2]
+    engine = VLLMEngine(model, dtype="float32", seed=0, gpu_memory_utilization=0.1,
+                        max_model_len=512, lora_rank=4)
+    whole, adapters, real = [], [], (engine.load_weights, engine.load_adapter)
+    engine.load_weights = lambda w, v: (whole.append(v), real[0](w, v))[1]
+    engine.load_adapter = lambda p, v: (adapters.append(v), real[1](p, v))[1]
+    config = build_config({"model": model, "sampler": "vllm", "steps": 3, "sft_steps": 0,
+                           "prompts_per_step": 2, "group_size": 4, "lora_r": 4, "lr": 0.05,
+                           "max_new_tokens": 12, "eval_every": 0, "save_every": 0, "threads": 1,
+                           "tis_cap": 2.0, "output_dir": out})
+    history = train(config, engine=engine, log=lambda line: None).history
+    print(json.dumps({"whole": whole, "adapters": adapters, "lora_id": engine.lora.lora_int_id,
+                      "logp_diff": [m["sampler/logp_diff"] for m in history],
+                      "kl": [m["kl"] for m in history]}))
+"""
+
+
+def test_lora_on_an_engine_that_takes_adapters_sends_the_adapter_alone(engine_model_dir, tmp_path):
+    """An engine started with lora_rank takes the base weights once and then, after each update,
+    the adapter alone (peft's files), loaded as a vLLM LoRA adapter; what it samples is still the
+    trainer's policy to rounding. (A process of its own: a second engine in this one's.)"""
+    script = tmp_path / "lora_run.py"
+    script.write_text(LORA_RUN)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([sys.executable, str(script), str(engine_model_dir), str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["whole"] == [0]                  # the base, once, at the sampler's start
+    assert seen["adapters"] == [0, 1, 2, 3]      # then the adapter: at start and after each update
+    assert seen["lora_id"] == 3 + 2
+    assert max(seen["logp_diff"]) < 1e-4, seen   # the engine samples the trainer's policy
+    assert max(seen["kl"]) > 0                   # and the adapter moved it away from the base
+
+
 # ---------------------------------------------------------------- vLLM as a server
 
 def start_server(model_dir, port: int, log_path):

@@ -335,7 +335,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: build.Agent | None = 
         try:
             engine = VLLMEngine(whole_model(base.name_or_path), seed=c.run.seed, dtype=c.model.dtype,
                                 gpu_memory_utilization=s.vllm_gpu_memory_utilization,
-                                sleep=s.vllm_sleep)
+                                sleep=s.vllm_sleep, lora_rank=c.model.lora_r)
         except VLLMUnavailable as e:
             raise build.ConfigError(f"config key 'sampler': {e}") from None
     sampler = EngineSampler(engine, tokenizer, max_new_tokens=s.max_new_tokens,

@@ -126,10 +126,14 @@ def grpo_step(c: TrainConfig, learner: Learner, source: GroupSource, agent=None,
     t3 = time.perf_counter()
     if source.colocated:
         learner.sampler.sleep()          # vLLM frees its memory for the update ...
+    t_update = time.perf_counter()
     updates = update_policy(c, learner, rollout, is_weights, selected, observer)   # 4
+    t_updated = time.perf_counter()
     if source.colocated:
         learner.sampler.sync(learner.policy)   # ... and samples from the new weights next step
     t4 = time.perf_counter()
+    if source.colocated:                 # the engine's sleep and weight load, not the update's
+        extra["time/sync_s"] = (t_update - t3) + (t4 - t_updated)
     with distributed.full_parameters(learner.policy) if not source.colocated else nullcontext():
         sent_s = source.send_weights(learner.step, learner.policy)
     if sent_s is not None:
@@ -139,7 +143,7 @@ def grpo_step(c: TrainConfig, learner: Learner, source: GroupSource, agent=None,
     t5 = time.perf_counter()
     metrics = step_metrics(everyones_rows(rollout, learner.world), updates, sample_s=taken.sample_s,
                            reward_s=taken.reward_s, reference_s=t2 - t1, advantage_s=t3 - t2,
-                           update_s=t4 - t3, step_s=t5 - t0)
+                           update_s=t_updated - t_update, step_s=t5 - t0)
     metrics.update(extra, lr=lr)
     metrics.update(everyones_faults(learner.world, taken.faults))   # why built-in rewards scored 0
     metrics["update/skipped_steps"] = learner.skipped_total

@@ -57,6 +57,7 @@ PANELS = [
     ("truncated", "Truncated completions (fraction)", [("completion/truncated_frac", "truncated")], (-0.02, 1.02)),
     ("time", "Step time split (s)", [("time/sample_s", "sample"), ("time/reward_s", "reward"),
                                      ("time/reference_s", "reference"), ("time/advantage_s", "advantages"), ("time/update_s", "update"),
+                                     ("time/sync_s", "engine sync"),
                                      ("time/step_s", "step")], None),
     ("reflection", "Completions containing reflection words (fraction)", [], (-0.02, 1.02)),
     ("agent", "Episodes: turns and tool calls per episode", [

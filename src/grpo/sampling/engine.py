@@ -59,12 +59,17 @@ class Engine(Protocol):
     """What the trainer asks of an engine with weights of its own."""
     name: str                       # for messages: "vLLM in this process", "the vLLM server at URL"
     version: int                    # the weight version it samples with (-1: the model's own)
+    lora_rank: int                  # the largest LoRA adapter it takes (0: whole weights only)
 
     def generate(self, requests: list[Request]) -> list[Generated]:
         """One Generated per request, in order."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Sample with these weights (checkpoint names, the whole model) from now on."""
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Sample with the LoRA adapter saved in directory `path` (peft's files) on the base
+        weights it holds, from now on (only when `lora_rank` > 0)."""
 
     def sleep(self) -> None:
         """Free the engine's device memory (weights and KV cache), where the platform can."""
@@ -125,6 +130,8 @@ class EngineSampler:
         if agent is not None:
             self.max_new_tokens = agent.limits.episode_tokens
         self.asleep = False
+        self.base_loaded = False    # LoRA on an engine that takes adapters: the base is there
+        self.adapters = None        # the directory the adapters are saved in for the engine
         self.drawn = 0              # rows drawn without the caller's draws: the next base seed
         processor = getattr(tokenizer, "grpo_processor", None)      # a vision-language model's
         placeholder = getattr(processor, "image_token_id", None)
@@ -144,17 +151,39 @@ class EngineSampler:
             self.asleep = False
 
     def sync(self, policy, version: int | None = None) -> None:
-        """Load the policy's current weights into the engine (LoRA merged for the copy)."""
+        """Load the policy's current weights into the engine. With LoRA, an engine that takes
+        adapters gets the base weights once and then the adapter alone; any other gets the
+        adapter merged into a copy of the whole weights."""
         self.wake()
-        merged = hasattr(policy, "merge_adapter")
-        if merged:
+        version = self.engine.version + 1 if version is None else version
+        lora = hasattr(policy, "merge_adapter")
+        if lora and self.engine.lora_rank:
+            if not self.base_loaded:     # the base is fixed from the sampler's start on
+                self.engine.load_weights(weights_of(policy), version)
+                self.base_loaded = True
+            self.engine.load_adapter(self._adapter_dir(policy, version), version)
+            return
+        if lora:
             policy.merge_adapter()
         try:
-            self.engine.load_weights(weights_of(policy),
-                                     self.engine.version + 1 if version is None else version)
+            self.engine.load_weights(weights_of(policy), version)
         finally:
-            if merged:
+            if lora:
                 policy.unmerge_adapter()
+
+    def _adapter_dir(self, policy, version: int) -> str:
+        """The policy's adapter saved (peft's files) in a directory of its own for `version`;
+        the previous version's is removed."""
+        import shutil
+        import tempfile
+        from pathlib import Path
+        if self.adapters is None:
+            self.adapters = Path(tempfile.mkdtemp(prefix="grpo-adapter-"))
+        for old in self.adapters.iterdir():
+            shutil.rmtree(old, ignore_errors=True)
+        path = self.adapters / f"v{version}"
+        policy.save_pretrained(str(path), save_embedding_layers=False)
+        return str(path)
 
     def device(self) -> None:
         """None: the engine draws with random generators of its own, seeded per row."""

@@ -8,7 +8,8 @@
 this process too (VLLM_ENABLE_V1_MULTIPROCESSING=0), so new weights reach it by reference, through
 vLLM's public `collective_rpc("reload_weights", ...)`: no copy, no private attribute. On GPUs the
 engine sleeps (frees its weights and KV cache) while the policy is updated; on a CPU vLLM has no
-sleep mode and it stays awake.
+sleep mode and it stays awake. With LoRA it is started with adapters enabled and, after the base
+weights once, takes the adapter alone after each update (`load_adapter`).
 
 Requests carry token ids, a seed each (engine.py), and ask for the drawn tokens' log-probs after
 temperature and top-p (`logprobs_mode="processed_logprobs"`): pi_old as the engine sampled it.
@@ -72,7 +73,9 @@ class VLLMEngine:
     name = "vLLM in this process"
 
     def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                 dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True):
+                 dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True,
+                 lora_rank: int = 0):
+        """`lora_rank` > 0: the engine takes LoRA adapters of that rank or less (load_adapter)."""
         vllm = import_vllm()
         from vllm.platforms import current_platform
         # the engine core in this process: weights pass to it by reference (with it in a process
@@ -86,6 +89,13 @@ class VLLMEngine:
                       logprobs_mode="processed_logprobs")   # after temperature/top-p: what was drawn from
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        self.lora_rank, self.lora = 0, None
+        # vLLM takes these ranks only (an adapter of a lower rank fits the next); a larger
+        # adapter is merged into the whole weights instead
+        fits = [r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= lora_rank]
+        if lora_rank and fits:
+            self.lora_rank = fits[0]
+            kwargs.update(enable_lora=True, max_lora_rank=self.lora_rank, max_loras=1)
         try:
             self.llm = vllm.LLM(**kwargs)
         except Exception as e:   # noqa: BLE001 - vLLM's own error, said in one line with what was asked
@@ -94,13 +104,27 @@ class VLLMEngine:
 
     def generate(self, requests: list[Request]) -> list[Generated]:
         outputs = self.llm.generate([prompt_of(r) for r in requests],
-                                    [sampling_params(self.vllm, r) for r in requests], use_tqdm=False)
+                                    [sampling_params(self.vllm, r) for r in requests], use_tqdm=False,
+                                    lora_request=self.lora)
         return [generated_of(out.outputs[0]) for out in outputs]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
         self.llm.reset_prefix_cache()   # cached prompt keys came from the old weights
         self.version = version
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """The adapter in `path` replaces the last one: a new adapter id per version (vLLM
+        caches adapters by id), the old one removed first (one slot: max_loras=1)."""
+        from vllm.lora.request import LoRARequest
+        if self.lora is not None:
+            self.llm.llm_engine.remove_lora(self.lora.lora_int_id)
+            self.lora = None
+        new = LoRARequest(f"policy-v{version}", version + 2, path)   # ids are > 0; versions >= -1
+        if not self.llm.llm_engine.add_lora(new):
+            raise EngineError(f"{self.name} did not take the LoRA adapter of version {version} "
+                              f"from {path}")
+        self.lora, self.version = new, version
 
     def sleep(self) -> None:
         if self.can_sleep:
@@ -120,10 +144,10 @@ class VLLMEngine:
 def VLLMSampler(model_path: str, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
                 top_p: float = 1.0, gpu_memory_utilization: float = 0.3, seed: int = 0,
                 dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True,
-                agent=None) -> EngineSampler:
+                agent=None, lora_rank: int = 0) -> EngineSampler:
     """`sampler=vllm`: the Sampler on a vLLM engine in this process, loaded from `model_path`."""
     engine = VLLMEngine(model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                        dtype=dtype, max_model_len=max_model_len, sleep=sleep)
+                        dtype=dtype, max_model_len=max_model_len, sleep=sleep, lora_rank=lora_rank)
     return EngineSampler(engine, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, sleep=engine.can_sleep, agent=agent)
 
@@ -185,6 +209,7 @@ class VLLMServerEngine:
         import tempfile
         from concurrent.futures import ThreadPoolExecutor
         self.url, self.timeout_s, self.version = url.rstrip("/"), timeout_s, -1
+        self.lora_rank = 0      # LoRA: the merged weights are sent
         self.name = f"the vLLM server at {self.url}"
         models = self._get("/v1/models", "the model list")
         self.model = models["data"][0]["id"]
@@ -259,6 +284,10 @@ class VLLMServerEngine:
               self.timeout_s, f"weight version {version} ({os.path.getsize(path) / 2**20:.1f} MiB "
               f"from {path})", self.url)
         _post(self.url + "/reset_prefix_cache", None, self.timeout_s, "a prefix-cache reset", self.url)
+
+    def load_adapter(self, path: str, version: int) -> None:
+        raise EngineError(f"{self.name}: adapters are not sent to a server yet (lora_rank 0: the "
+                          "merged weights are)")
 
     def sleep(self) -> None:
         """The server's memory is its own: nothing to free here."""
