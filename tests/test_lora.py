@@ -165,11 +165,11 @@ def test_a_lora_run_with_a_cold_start_resumes_exactly(tiny_model_dir, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def grpo_command(*args):
+def grpo_command(*args, cwd=None):
     import subprocess
     import sys
     return subprocess.run([sys.executable, "-m", "grpo.commands.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=cwd)
 
 
 def test_a_lora_runs_final_adapter_is_evaluated_and_trained_further_without_merging(
@@ -203,9 +203,14 @@ def test_a_lora_runs_final_adapter_is_evaluated_and_trained_further_without_merg
         [r["prompt"] for r in rows], 1, greedy=True)
     assert [r["completions"][0] for r in rows] == greedy.completions
     # and trains further from them, with a fresh adapter whose reference is the trained policy
+    # a reward that varies between completions, so the one step has advantages to follow (the
+    # task's exact answer may score every completion of a random model 0, and then nothing moves)
+    (tmp_path / "varied.py").write_text("def distinct(prompts, completions, **columns):\n"
+                                        "    return [len(set(c)) / 4 for c in completions]\n")
     more = grpo_command("train", f"model={out / 'final'}", "task=addition", "lora_r=4", "beta=0.04",
                         "steps=1", "sft_steps=0", "eval_every=0", "prompts_per_step=2",
-                        "group_size=4", "max_new_tokens=4", f"output_dir={tmp_path / 'more'}")
+                        "group_size=4", "max_new_tokens=4", "rewards=[varied:distinct]",
+                        f"output_dir={tmp_path / 'more'}", cwd=tmp_path)
     assert more.returncode == 0, more.stderr
     first = json.loads((tmp_path / "more" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["kl"] == 0.0
