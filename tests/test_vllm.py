@@ -234,7 +234,8 @@ if __name__ == "__main__":
                            "prompts_per_step": 2, "group_size": 4, "lora_r": 4, "lr": 0.05,
                            "max_new_tokens": 12, "eval_every": 0, "save_every": 0, "threads": 1,
                            "tis_cap": 2.0, "output_dir": out})
-    history = train(config, engine=engine, log=lambda line: None).history
+    distinct = lambda prompts, completions, **columns: [len(set(c)) / 4 for c in completions]
+    history = train(config, engine=engine, reward_fns=[distinct], log=lambda line: None).history
     print(json.dumps({"whole": whole, "adapters": adapters, "lora_id": engine.lora.lora_int_id,
                       "logp_diff": [m["sampler/logp_diff"] for m in history],
                       "kl": [m["kl"] for m in history]}))
@@ -257,6 +258,7 @@ def test_lora_on_an_engine_that_takes_adapters_sends_the_adapter_alone(engine_mo
     assert seen["lora_id"] == 3 + 2
     assert max(seen["logp_diff"]) < 1e-4, seen   # the engine samples the trainer's policy
     assert max(seen["kl"]) > 0                   # and the adapter moved it away from the base
+    print("LoRA adapter on the engine: sampler/logp_diff per step", seen["logp_diff"])
 
 
 # ---------------------------------------------------------------- vLLM as a server
