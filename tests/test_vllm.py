@@ -129,6 +129,24 @@ def test_stop_strings_end_a_turn_and_stay_in_its_tokens(engine, model):
         assert "a" not in tok.decode(list(g.token_ids[:-1]), skip_special_tokens=True)
 
 
+def test_a_prompt_longer_than_the_engines_context_is_refused_and_a_completion_ends_at_it(engine, model):
+    """max_model_len (512 here), the engine's limit: a completion is cut where the context ends;
+    a prompt that leaves no room is one clear error naming the engine."""
+    from grpo.sampling.engine import Engine, EngineError
+    _, tok = model
+    assert isinstance(engine, Engine) and engine.max_model_len == 512
+    sampler = EngineSampler(engine, tok, max_new_tokens=24, seed=0)
+    near = "1" * 500        # the character tokenizer: one token each
+    r = sampler.sample([near], 4)
+    lengths = r.completion_mask.sum(-1).tolist()
+    assert max(lengths) <= 12                                   # 500 + 12 = 512
+    for i, n in enumerate(lengths):                             # ended at the limit, or at EOS
+        assert bool(r.truncated[i]) or r.completion_ids[i, n - 1].item() == tok.eos_token_id
+    with pytest.raises(EngineError, match=r"^vLLM in this process takes 512 tokens of prompt and "
+                                          r"completion \(its max_model_len\), and a prompt has 520"):
+        sampler.sample(["1" * 520], 2)
+
+
 def test_the_sampler_on_the_engine_makes_a_rollout_like_grpos_own(engine, model):
     from grpo.sampling import Sampler
     policy, tok = model
@@ -301,6 +319,12 @@ def server_engine(session_server, engine_model_dir):
     engine.load_weights(weights_of(load_policy(str(engine_model_dir))), version=0)
     yield engine
     engine.close()
+
+
+def test_the_server_is_an_engine_with_its_limit(server_engine):
+    from grpo.sampling.engine import Engine
+    assert isinstance(server_engine, Engine)
+    assert server_engine.max_model_len == 512 and server_engine.lora_rank == 0
 
 
 def test_the_servers_tokens_and_logprobs_are_the_trainers(server_engine, model):

@@ -18,6 +18,7 @@ share its batch or its process, as far as the engine's arithmetic does not eithe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Protocol, runtime_checkable
 
@@ -60,6 +61,7 @@ class Engine(Protocol):
     name: str                       # for messages: "vLLM in this process", "the vLLM server at URL"
     version: int                    # the weight version it samples with (-1: the model's own)
     lora_rank: int                  # the largest LoRA adapter it takes (0: whole weights only)
+    max_model_len: int | None       # prompt and completion tokens together, at most (None: unsaid)
 
     def generate(self, requests: list[Request]) -> list[Generated]:
         """One Generated per request, in order."""
@@ -234,7 +236,7 @@ class EngineSampler:
                 seed=seeds[i], temperature=temperature, top_p=top_p,
                 text=prompts[p] if images[p] else None, images=images[p],
                 banned=self.placeholders if images[p] else ()))
-        generated = self.engine.generate(requests)
+        generated = self.engine.generate(self._within_limit(requests))
         r = rollout_from_generated(prompts, generated, group_size, tok, (ids, mask, visuals),
                                    1.0 if greedy else self.temperature)
         r.top_p = top_p
@@ -247,7 +249,23 @@ class EngineSampler:
         requests = [Request(prompt_ids=tuple(h), max_tokens=max(1, n), seed=s,
                             temperature=temperature, top_p=top_p, stop=(stop,))
                     for h, n, s in zip(histories, room, seeds)]
-        return [(list(g.token_ids), list(g.logprobs), g.cut) for g in self.engine.generate(requests)]
+        return [(list(g.token_ids), list(g.logprobs), g.cut)
+                for g in self.engine.generate(self._within_limit(requests))]
+
+    def _within_limit(self, requests: list[Request]) -> list[Request]:
+        """Each request's max_tokens cut to what the engine's context has room for after its
+        prompt (the completion then ends there, cut); a prompt with no room is an error."""
+        limit = self.engine.max_model_len
+        if limit is None:
+            return requests
+        longest = max((len(r.prompt_ids) for r in requests), default=0)
+        if longest >= limit:
+            raise EngineError(f"{self.engine.name} takes {limit} tokens of prompt and completion "
+                              f"(its max_model_len), and a prompt has {longest}: shorten the prompts "
+                              f"(long_prompts=skip leaves such rows out) or start the engine with a "
+                              f"longer max_model_len")
+        return [r if len(r.prompt_ids) + r.max_tokens <= limit else
+                dataclasses.replace(r, max_tokens=limit - len(r.prompt_ids)) for r in requests]
 
 
 def rollout_from_generated(prompts: list[str], generated: list[Generated], group_size: int, tok,

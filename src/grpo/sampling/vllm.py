@@ -43,6 +43,17 @@ def import_vllm():
     return vllm
 
 
+def quiet_updates() -> None:
+    """vLLM's lines on every weight update (its INFO lines, and a warning that the rotary
+    embedding, which has no weights in a checkpoint, loaded none) would bury the run's own; its
+    warnings and errors stay. A user's VLLM_LOGGING_LEVEL is left as it is."""
+    import logging
+    if "VLLM_LOGGING_LEVEL" not in os.environ:
+        logging.getLogger("vllm").setLevel(logging.WARNING)
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+        lambda record: record.getMessage() != "RotaryEmbedding: Failed to load weights")
+
+
 def sampling_params(vllm, r: Request):
     """A Request as vLLM's SamplingParams: one completion, its own seed, the drawn tokens'
     log-probs, stop strings kept in the output."""
@@ -101,6 +112,8 @@ class VLLMEngine:
         except Exception as e:   # noqa: BLE001 - vLLM's own error, said in one line with what was asked
             raise VLLMUnavailable(f"vLLM could not start on {model_path}: {type(e).__name__}: "
                                   f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
+        self.max_model_len = self.llm.model_config.max_model_len
+        quiet_updates()
 
     def generate(self, requests: list[Request]) -> list[Generated]:
         outputs = self.llm.generate([prompt_of(r) for r in requests],
@@ -213,6 +226,7 @@ class VLLMServerEngine:
         self.name = f"the vLLM server at {self.url}"
         models = self._get("/v1/models", "the model list")
         self.model = models["data"][0]["id"]
+        self.max_model_len = models["data"][0].get("max_model_len")
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.weights_dir = weights_dir or tempfile.mkdtemp(prefix="grpo-weights-", dir=shm)
         self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="vllm-request")
