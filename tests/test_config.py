@@ -331,8 +331,6 @@ BREAKS_ONE_RULE = {
     "async_tis_cap_needs_decoupled": {"async_steps": 1, "tis_cap": 2.0},
     "sampler_choice": {"sampler": "sglang"},
     "vllm_server_needs_url": {"sampler": "vllm_server"},
-    "vllm_server_is_synchronous": {"sampler": "vllm_server", "vllm_url": "http://127.0.0.1:8000",
-                                   "async_steps": 1},
     "parallel_choice": {"parallel": "tp"},
     "lora_keeps_its_reference": {"lora_r": 8, "ref_reset_every": 2},
     "lora_not_sharded": {"lora_r": 8, "parallel": "fsdp"},

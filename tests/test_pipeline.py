@@ -411,10 +411,15 @@ def test_an_async_checkpoint_resumed_without_async_steps_is_refused(tiny_model_d
     assert (tmp_path / "r" / "config.yaml").read_text() == written    # refused before any work
 
 
-def test_async_steps_on_a_gpu_model_is_refused_with_the_reason():
+def test_forked_workers_on_a_gpu_model_are_refused_and_an_engine_client_is_not():
     from types import SimpleNamespace
     from grpo.assemble import check_pipeline
     on_gpu = SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)]))
-    with pytest.raises(ConfigError, match="a CUDA context does not survive fork, so async_steps runs on CPUs"):
+    with pytest.raises(ConfigError, match=r"^config key 'rollout_workers': the rollout workers are "
+                                          r"forks.*set rollout_workers=0"):
         check_pipeline(build_config({"async_steps": 1}), None, on_gpu)
     check_pipeline(build_config({"async_steps": 0}), None, on_gpu)            # sync: fine on a GPU
+    # a thread of the trainer samples: with grpo's own sampler, or on vLLM
+    check_pipeline(build_config({"async_steps": 1, "rollout_workers": 0}), None, on_gpu)
+    check_pipeline(build_config({"async_steps": 1, "sampler": "vllm_server",
+                                 "vllm_url": "http://127.0.0.1:1"}), None, on_gpu)

@@ -217,9 +217,6 @@ def test_a_given_engine_is_refused_where_it_cannot_serve(engine, engine_model_di
     keys = {"model": str(engine_model_dir), "steps": 1, "output_dir": str(tmp_path)}
     with pytest.raises(ConfigError, match=r"^config key 'sampler': an engine was given"):
         train(build_config(keys), engine=engine, log=lambda line: None)
-    with pytest.raises(ConfigError, match=r"^config key 'async_steps': an engine given from Python"):
-        train(build_config({**keys, "sampler": "vllm", "async_steps": 1}), engine=engine,
-              log=lambda line: None)
 
 
 def test_the_readmes_vllm_command_trains_on_a_fresh_engine(tmp_path):

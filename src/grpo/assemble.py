@@ -14,6 +14,7 @@ parts (make_learner, cold_start).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ class Run:
     stream: PromptStream | None = None   # the prompts' order, resumed
     source: GroupSource | None = None    # where each step's groups come from
     groups: Groups | None = None         # the pipeline, when async_steps > 0 (also `source`)
+    client_model: object = None          # async_steps on an engine client: the copy it loads versions into
+    engine: object = None                # an engine given from Python (train(engine=))
     first: int = 1                       # the first step to take
     accuracy: float = math.nan           # the last held-out accuracy (a resumed run's)
 
@@ -115,6 +118,11 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     build.check_rewards(c, tokenizer, data)
     policy = resume_or_cold_start(c, policy, tokenizer, data, checkpoint, log,
                                   run_dir if write_files else None, world)
+    if uses_client(c):   # unsharded, and on the CPU when an engine holds the weights it samples with
+        run.client_model = copy.deepcopy(policy)
+        if c.sampling.sampler != "hf" or engine is not None:
+            run.client_model.to("cpu")
+        run.engine = engine
     learner = make_learner(c, policy, tokenizer, data.agent, world, resume.reference_state(checkpoint),
                            engine)
     if c.run.parallel == "fsdp" and not distributed.initialized():
@@ -133,7 +141,7 @@ def start_groups(run: Run) -> None:
     the run starts); else the synchronous loop's sampling, inline."""
     c = run.config
     run.groups = start_pipeline(c, run.learner, run.tokenizer, run.data, run.stream, run.first,
-                                run.checkpoint, run.world, run.log)
+                                run.checkpoint, run.world, run.log, run.client_model, run.engine)
     run.source = run.groups if run.groups is not None else InlineGroups(c, run.learner, run.tokenizer,
                                                                         run.data, run.stream)
 
@@ -190,20 +198,30 @@ def with_fresh_adapter(c: TrainConfig, base, named: Path | str | None = None,
     return policy
 
 
+def uses_client(c: TrainConfig) -> bool:
+    """async_steps samples in an engine client, a thread of each trainer process (no fork): on
+    vLLM (in this process or servers), or with grpo's own sampler when rollout_workers=0."""
+    return bool(c.pipeline.async_steps) and (c.sampling.sampler != "hf" or not c.pipeline.rollout_workers)
+
+
 def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data, stream: PromptStream,
-                   first: int, checkpoint: Path | None, world: distributed.World, log) -> Groups | None:
-    """With async_steps = k > 0, the rollout workers of this trainer process (pipeline/): they
-    sample step t's groups from the weights after step t-1-k with step t's draws. The machine's
-    cores are split between the trainer and its workers (torch threads per role)."""
+                   first: int, checkpoint: Path | None, world: distributed.World, log,
+                   client_model=None, engine=None) -> Groups | None:
+    """With async_steps = k > 0, where this trainer process's groups come from (pipeline/): an
+    engine client (a thread) or forked rollout workers, which sample step t's groups from the
+    weights after step t-1-k with step t's draws. With forked workers the machine's cores are
+    split between the trainer and them (torch threads per role). `client_model`: the copy of the
+    policy (unsharded) that the client loads each version into."""
     p = c.pipeline
     if not p.async_steps:          # check_pipeline has refused a checkpoint with queued groups
         return None
     ahead = resume.pipeline_state(checkpoint, world)
-    trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(),
-                                                    p.rollout_workers)
+    client = uses_client(c)
+    workers = 0 if client else p.rollout_workers
+    trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(), workers)
     trainer_threads, worker_threads = p.trainer_threads or trainer_threads, p.worker_threads or worker_threads
     torch.set_num_threads(trainer_threads)
-    if p.rollout_workers:
+    if workers:
         log(f"async_steps={p.async_steps}: {p.rollout_workers} rollout worker(s) with {worker_threads} "
             f"torch thread(s) each, the trainer with {trainer_threads}")
 
@@ -222,9 +240,26 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
                 timeout_s=p.transfer_timeout_s,
                 draw=None if c.sampling.dynamic_sampling else draw,
                 score=lambda rollout: score_rollout(c, rollout, data))
-    return Groups(work, workers=p.rollout_workers, world=world, first=first,
+    pair = None
+    if client:
+        model = client_model if client_model is not None else copy.deepcopy(learner.policy)
+        barrier = None
+        if world.size > 1 and c.sampling.sampler == "vllm_server":
+            # the processes' clients share the servers: they meet (in a group of their own, away
+            # from the trainers' collectives) around each weight load
+            import datetime
+            import torch.distributed as dist
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=p.transfer_timeout_s))
+            barrier = lambda: dist.barrier(group=group)  # noqa: E731
+        sampler = make_sampler(c, model, tokenizer, data.agent, engine, sync=False, barrier=barrier,
+                               world=world, log=log)
+        where = getattr(getattr(sampler, "engine", None), "name", None) or "grpo's own sampler"
+        log(f"async_steps={p.async_steps}: step t's groups are sampled on {where} from the weights "
+            f"after step t-1-{p.async_steps}, by a thread of this process")
+        pair = (model, sampler)
+    return Groups(work, workers=workers, world=world, first=first,
                   stream_state=stream.state_dict(), queued=ahead["queued"] if ahead else None,
-                  restarts=p.worker_restarts, log=log)
+                  restarts=p.worker_restarts, log=log, client=pair)
 
 
 def check_pipeline(c: TrainConfig, checkpoint: Path | None, policy=None) -> None:
@@ -237,29 +272,31 @@ def check_pipeline(c: TrainConfig, checkpoint: Path | None, policy=None) -> None
                 f"(its groups for the next steps are queued in it); resume it with the async_steps "
                 f"of its config.yaml")
         return
-    if policy is not None and any(t.is_cuda for t in policy.parameters()):
+    if policy is not None and not uses_client(c) and any(t.is_cuda for t in policy.parameters()):
         raise build.ConfigError(
-            "config key 'async_steps': the rollout workers are forks of the trainer, and a CUDA "
-            "context does not survive fork, so async_steps runs on CPUs for now "
-            "(docs/guides/async.md); set async_steps=0 on a GPU")
+            "config key 'rollout_workers': the rollout workers are forks of the trainer, and a CUDA "
+            "context does not survive fork; set rollout_workers=0 (a thread of the trainer samples "
+            "on the GPU) or sample on vLLM (sampler=vllm or vllm_server; docs/guides/async.md)")
 
 
 def check_world(c: TrainConfig, world: distributed.World) -> None:
     """What several processes cannot do yet, or cannot split evenly, said before any work."""
-    shares = world.size * max(1, c.pipeline.rollout_workers)
+    shares = world.size * (1 if uses_client(c) else max(1, c.pipeline.rollout_workers))
     if c.pipeline.async_steps and c.sampling.prompts_per_step % shares:
         raise build.ConfigError(
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
-            f"number of rollout workers ({shares}: rollout_workers={c.pipeline.rollout_workers} per "
-            f"trainer process x {world.size}): each worker samples whole groups")
+            f"number of rollout workers ({shares}: "
+            + ("one engine client" if uses_client(c) else f"rollout_workers={c.pipeline.rollout_workers}")
+            + f" per trainer process x {world.size}): each worker samples whole groups")
     if c.model.train_vision and c.run.parallel == "fsdp" and distributed.initialized():
         raise build.ConfigError("config key 'train_vision': a trained vision tower with parallel=fsdp is "
                                 "not supported yet (the tower runs once per prompt, before the sharded "
                                 "forward, and is gathered only for it); use parallel=ddp, or keep the "
                                 "tower frozen")
-    if c.pipeline.async_steps and c.run.parallel == "fsdp" and distributed.initialized():
-        raise build.ConfigError("config key 'parallel': fsdp with async_steps is not supported yet (a "
-                                "rollout worker needs whole weights); use parallel=ddp")
+    if c.pipeline.async_steps and not uses_client(c) and c.run.parallel == "fsdp" and distributed.initialized():
+        raise build.ConfigError("config key 'parallel': fsdp with forked rollout workers is not "
+                                "supported (a fork cannot take part in the shards' collectives); set "
+                                "rollout_workers=0 (a thread of each trainer samples) or sample on vLLM")
     if world.size == 1:
         return
     if c.sampling.prompts_per_step % world.size:
@@ -296,39 +333,55 @@ def make_learner(c: TrainConfig, policy, tokenizer, agent: build.Agent | None = 
         policy = distributed.shard(policy, world, bf16)
         ref = distributed.shard(ref, world, bf16) if ref is not None else None
     optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
+    # with async_steps the engines sample in the pipeline's client; the learner's sampler only
+    # evaluates, with grpo's own sampler on the policy
+    own = "hf" if c.pipeline.async_steps else None
     return Learner(
-        policy=policy, ref=ref, sampler=make_sampler(c, policy, tokenizer, agent, engine),
+        policy=policy, ref=ref,
+        sampler=make_sampler(c, policy, tokenizer, agent, None if own else engine, kind=own,
+                             world=world),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule),
         world=world, plan=plan,
     )
 
 
-def make_sampler(c: TrainConfig, policy, tokenizer, agent: build.Agent | None = None, engine=None):
+def make_sampler(c: TrainConfig, policy, tokenizer, agent: build.Agent | None = None, engine=None,
+                 *, kind: str | None = None, sync: bool = True, barrier=None,
+                 world: distributed.World | None = None, log=print):
     """The HF sampler on the policy itself, or an engine with weights of its own (vLLM in this
-    process: `sampling/vllm.py`, or `engine` when one is given) loaded from the same weights;
-    with tools or an environment, either samples episodes."""
+    process: `sampling/vllm.py`, vLLM servers, or `engine` when one is given) loaded from the
+    same weights (`sync`); with tools or an environment, either samples episodes. `kind`: the
+    sampler, when not the config's. Servers are shared by every trainer process: process 0
+    sends the weights, and `barrier` (default: all processes') holds the others around it."""
     s = c.sampling
+    kind = kind or s.sampler
     cut = sampler_own_keys(s)
     if agent is not None and cut:      # a task's own tools make an agent run without `tools`
         raise build.ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
                                 "episodes (tools, environment, a task with tools) do not yet")
-    if agent is not None and s.sampler == "hf":
+    if agent is not None and kind == "hf":
         return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
                               call_format=build.call_format_of(c, tokenizer, agent),
                               make_env=agent.make_env,
                               temperature=s.temperature, top_p=s.top_p)
-    if s.sampler == "hf":
+    if kind == "hf":
         return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
                          temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                          stop=tuple(s.stop), repetition_penalty=s.repetition_penalty)
     from grpo.sampling.engine import EngineError, EngineSampler
-    if engine is None and s.sampler == "vllm_server":
+    if engine is None and kind == "vllm_server":
+        from grpo.sampling.engine import Engines
         from grpo.sampling.vllm import VLLMServerEngine
+        world = world or distributed.World()
         try:
-            engine = VLLMServerEngine(s.vllm_url, timeout_s=s.vllm_timeout_s)
+            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s) for url in s.vllm_url]
         except EngineError as e:
             raise build.ConfigError(f"config key 'vllm_url': {e}") from None
+        if barrier is None and world.size > 1:
+            import torch.distributed as dist
+            barrier = dist.barrier
+        engine = Engines(servers, sends=world.is_main, barrier=barrier, log=log)
     if engine is None:
         from grpo.sampling.vllm import VLLMEngine, VLLMUnavailable
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
@@ -343,7 +396,8 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: build.Agent | None = 
                             sleep=s.vllm_sleep, agent=agent)
     if agent is not None:
         sampler.call_format = build.call_format_of(c, tokenizer, agent)
-    sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
+    if sync:
+        sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
     return sampler
 
 

@@ -468,15 +468,11 @@ def reading_note(key: str, path: str, split: str) -> str:
 
 def check_engine(config: TrainConfig, engine=None) -> None:
     """`sampler=vllm` needs vLLM importable here (found at start, not after the cold start), or
-    an engine given from Python; a given engine samples in this process only."""
+    an engine given from Python (with async_steps the pipeline's client samples on it)."""
     if engine is not None:
         if config.sampling.sampler == "hf":
             raise ConfigError("config key 'sampler': an engine was given (train(engine=...)), and "
                               "sampler=hf samples from the policy itself: set sampler=vllm")
-        if config.pipeline.async_steps:
-            raise ConfigError("config key 'async_steps': an engine given from Python samples in "
-                              "this process only; the rollout workers of async_steps make engines "
-                              "of their own: set async_steps=0, or give no engine")
         return
     if config.sampling.sampler != "vllm":   # vllm_server: HTTP, nothing to import
         return

@@ -142,17 +142,17 @@ class Rule:
 
 
 def _vllm_server_needs_url(c: dict) -> str | None:
-    if c["sampler"] == "vllm_server" and not c["vllm_url"].startswith(("http://", "https://")):
-        return (f"config key 'vllm_url': sampler=vllm_server needs the server's address, "
-                f"http://HOST:PORT, got {c['vllm_url']!r} (or start one with the run: grpo launch)")
-    return None
-
-
-def _vllm_server_is_synchronous(c: dict) -> str | None:
-    if c["sampler"] == "vllm_server" and c["async_steps"]:
-        return ("config key 'async_steps': sampler=vllm_server samples in the trainer's steps "
-                "(the rollout workers of async_steps would each load their own weight version into "
-                "the one server); set async_steps=0")
+    if c["sampler"] != "vllm_server":
+        return None
+    if not c["vllm_url"]:
+        return ("config key 'vllm_url': sampler=vllm_server needs the server's address, "
+                "http://HOST:PORT, or a list of them (or start one with the run: grpo launch)")
+    for url in c["vllm_url"]:
+        if not url.startswith(("http://", "https://")):
+            return (f"config key 'vllm_url': sampler=vllm_server needs each server's address as "
+                    f"http://HOST:PORT, got {url!r} (or start one with the run: grpo launch)")
+    if len(set(c["vllm_url"])) != len(c["vllm_url"]):
+        return f"config key 'vllm_url' names a server twice: {c['vllm_url']}"
     return None
 
 
@@ -345,7 +345,6 @@ RULES: tuple[Rule, ...] = (
     Rule("async_tis_cap_needs_decoupled", _async_tis_cap_needs_decoupled),
     Rule("sampler_choice", _one_of("sampler", "hf", "vllm", "vllm_server")),
     Rule("vllm_server_needs_url", _vllm_server_needs_url),
-    Rule("vllm_server_is_synchronous", _vllm_server_is_synchronous),
     Rule("parallel_choice", _one_of("parallel", "ddp", "fsdp")),
     Rule("lora_keeps_its_reference", _lora_keeps_its_reference),
     Rule("lora_not_sharded", _lora_not_sharded),

@@ -192,8 +192,10 @@ class SamplingConfig:
     vllm_sleep: bool = True
     """sampler=vllm: free the engine's memory during the policy update and wake it after (on GPUs:
     vLLM has no sleep mode on a CPU, where the engine stays awake)."""
-    vllm_url: str = ""
-    """sampler=vllm_server: the server's address, http://HOST:PORT (`grpo launch` sets it)."""
+    vllm_url: list[str] = field(default_factory=list)
+    """sampler=vllm_server: the servers' addresses, http://HOST:PORT, one or a list
+    (`vllm_url=[http://a:8000,http://b:8000]`; `grpo launch` sets it). Each process's requests are
+    shared out among them; a server that fails is left out and its requests go to another."""
     vllm_timeout_s: float = 300.0
     """sampler=vllm_server: the longest one request or one weight update may take; past it the run
     stops with an error naming the server and what was being sent."""

@@ -13,17 +13,25 @@ the same version: it draws what the dead one would have drawn.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import os
+import queue
 import signal
+import threading
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
 
 from grpo.data import PromptStream
+from grpo.run import distributed
 from grpo.run.distributed import World
-from grpo.pipeline.transport import (CONTROL, PARTS, Channel, PeerLost, PipelineError, load_snapshot,
-                                    snapshot)
-from grpo.pipeline.worker import HOST, Failed, Part, Work, Zygote, part_of, version_for
+from grpo.run.checkpoint import fault_point
+from grpo.pipeline.transport import (CONTROL, PARTS, Channel, PeerLost, PipelineError, snapshot,
+                                    trained_parameters)
+from grpo.pipeline.worker import (HOST, Failed, Part, Work, Zygote, drawn_part, part_of, scored,
+                                  version_for)
 from grpo.rollout import concat
 from grpo.step import Taken
 
@@ -55,45 +63,146 @@ class _Remote:
             _kill(self.pid)
 
 
-class _Local:
-    """rollout_workers=0: the same parts, sampled in the trainer from a copy of the policy that
-    holds the lagged version. No overlap; the reference the worker processes must equal."""
+class _Client:
+    """An engine client: a thread of this trainer process (no fork, so a CUDA context and FSDP2
+    are fine) that samples and scores this process's share of each step on an engine, in step
+    order, from the version the schedule names: vLLM in this process, vLLM servers (`Engines`),
+    or, with sampler=hf and rollout_workers=0, grpo's own sampler on a copy of the policy that
+    holds the lagged version. Versions arrive with `send_weights`; the parts leave through a
+    queue, or the error that stopped the thread does."""
 
-    def __init__(self, work: Work, share: World):
-        self.work, self.share = work, share
-        self.model = copy.deepcopy(work.policy)
-        self.sampler = work.make_sampler(self.model)
+    def __init__(self, work: Work, share: World, model, sampler, *, timeout_s: float):
+        self.work, self.share, self.model, self.sampler = work, share, model, sampler
+        self.timeout_s = timeout_s
         self.versions: dict[int, list] = {}
-        self.sent, self.stream, self.pid, self.generation = -1, None, os.getpid(), 0
+        self.ready = threading.Condition()
+        self.parts: queue.Queue = queue.Queue()
+        self.sent, self.pid, self.generation = -1, os.getpid(), 0
+        self.closing = False
+        self.sync_s = 0.0    # the engine's last weight load, in seconds
+        self.thread: threading.Thread | None = None
 
     def start(self, step: int, stream_state: dict) -> None:
-        self.stream = PromptStream(self.work.rows, self.work.seed)
-        self.stream.load_state_dict(stream_state)
+        stream = PromptStream(self.work.rows, self.work.seed)
+        stream.load_state_dict(stream_state)
+        self.thread = threading.Thread(target=self._run, args=(step, stream), daemon=True,
+                                       name="grpo-engine-client")
+        self.thread.start()
 
     def send_weights(self, version: int, flat) -> None:
-        self.versions[version] = flat
-        self.sent = version
+        with self.ready:
+            self.versions[version] = flat
+            self.sent = version
+            self.ready.notify_all()
 
-    def part(self, step: int) -> Part:
-        version = version_for(step, self.work.k)
-        load_snapshot(self.model, self.versions[version])
-        for old in [v for v in self.versions if v < version]:
-            del self.versions[old]
-        self.sampler.sync(self.model)
-        now = time.time()
-        part = part_of(self.work, self.sampler, self.stream, step, version, self.share)
-        part.wait = (now, now)
-        return part
+    def _version(self, need: int) -> list:
+        with self.ready:
+            while need not in self.versions:
+                if self.closing:
+                    raise _Closing()
+                self.ready.wait(1.0)
+            for old in [v for v in self.versions if v < need]:
+                del self.versions[old]
+            return self.versions[need]
+
+    def _run(self, first: int, stream: PromptStream) -> None:
+        scorer = ThreadPoolExecutor(1, "grpo-scorer") if self.work.draw is not None else None
+        scoring: list = []
+        loaded = -1
+        try:
+            for step in range(first, self.work.steps + 1):
+                need = version_for(step, self.work.k)
+                waited = time.time()
+                if loaded != need:
+                    load_parameters(self.model, self._version(need))
+                    engine = getattr(self.sampler, "engine", None)
+                    synced = time.perf_counter()
+                    if engine is None or engine.version != need:
+                        self.sampler.sync(self.model, need) if engine is not None else \
+                            self.sampler.sync(self.model)
+                    self.sync_s = time.perf_counter() - synced
+                    loaded = need
+                else:
+                    self.sync_s = 0.0
+                fault_point("rollout")
+                for done in [f for f in scoring if f.done()]:
+                    done.result()
+                    scoring.remove(done)
+                if scorer is None:
+                    part = part_of(self.work, self.sampler, stream, step, need, self.share)
+                    part.wait = (waited, part.work[0])
+                    part.extra["time/engine_sync_s"] = self.sync_s
+                    self.parts.put(part)
+                    continue
+                part = drawn_part(self.work, self.sampler, stream, step, need, self.share)
+                part.wait = (waited, part.work[0])
+                part.extra["time/engine_sync_s"] = self.sync_s
+                scoring.append(scorer.submit(self._score, part))
+            for f in scoring:
+                f.result()
+        except _Closing:
+            pass
+        except BaseException as e:   # noqa: BLE001 - raised in the trainer's thread by part()
+            self.parts.put(Failed(e, traceback.format_exc()))
+        finally:
+            if scorer is not None:
+                scorer.shutdown(wait=False, cancel_futures=True)
+
+    def _score(self, part: Part) -> None:
+        try:
+            self.parts.put(scored(self.work, part))
+        except BaseException as e:   # noqa: BLE001
+            self.parts.put(Failed(e, traceback.format_exc()))
+            raise
+
+    def part(self, step: int) -> Part | Failed:
+        while True:
+            try:
+                return self.parts.get(timeout=1.0)
+            except queue.Empty:
+                if self.thread is None or not self.thread.is_alive():
+                    try:
+                        return self.parts.get_nowait()
+                    except queue.Empty:
+                        raise PipelineError(f"the engine client stopped before sending step "
+                                            f"{step}'s groups") from None
 
     def stop(self) -> None:
-        pass
+        with self.ready:
+            self.closing = True
+            self.ready.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=5.0)
+        engine = getattr(self.sampler, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+class _Closing(Exception):
+    """The run is over: the client stops waiting for a version."""
+
+
+def clone_parameters(model) -> list[torch.Tensor]:
+    """A version for an engine client: the trained parameters, each copied where it is (the
+    client's copy may hold another dtype, so no flat buckets)."""
+    with torch.no_grad():
+        return [p.detach().clone() for p in trained_parameters(model)]
+
+
+def load_parameters(model, params: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for mine, theirs in zip(trained_parameters(model), params, strict=True):
+            mine.copy_(theirs.to(mine.device))
 
 
 class Groups:
     """Where a trainer process's groups come from with async_steps = k > 0."""
 
     def __init__(self, work: Work, *, workers: int, world: World, first: int, stream_state: dict,
-                 queued: dict[int, list] | None, restarts: int, log=print):
+                 queued: dict[int, list] | None, restarts: int, log=print, client=None):
+        """`client`: (model, sampler) of an engine client, a thread of this process that samples
+        on the sampler's engine, loading each version into `model` first; else `workers` forked
+        rollout workers."""
         self.work, self.k, self.world, self.log = work, work.k, world, log
         self.restarts_left, self.restarts = restarts, 0
         # a checkpoint's queued steps (an older grpo's hold dicts)
@@ -102,7 +211,9 @@ class Groups:
         self.version = first - 1                    # the trainer's weights now
         self.next = first + len(self.queue)         # the first step no worker has sent yet
         self.stream_state = stream_state            # the data position before step `next`
-        self.snapshots = {self.version: snapshot(work.policy)}
+        self.snap = clone_parameters if client is not None else snapshot
+        with distributed.full_parameters(work.policy):   # FSDP2: gathered on every process
+            self.snapshots = {self.version: self.snap(work.policy)}
         need = version_for(self.next, self.k)
         if self.next <= work.steps and need not in self.snapshots:
             raise PipelineError(
@@ -113,11 +224,13 @@ class Groups:
         self.shares = [World(rank=world.rank * n + j, size=world.size * n) for j in range(n)]
         self.workers: list = []
         self.zygote = None
-        if workers == 0:
-            local = _Local(work, world)
-            local.start(self.next, stream_state)
-            self.workers.append(local)
-            self._catch_up(local)
+        if client is not None:
+            model, sampler = client
+            engine = _Client(work, world, model, sampler, timeout_s=work.timeout_s)
+            self.workers.append(engine)
+            self._catch_up(engine)
+            if self.next <= work.steps:
+                engine.start(self.next, stream_state)
             return
         import torch.distributed as dist
         timeout = datetime.timedelta(seconds=work.timeout_s)
@@ -236,7 +349,7 @@ class Groups:
             del self.snapshots[old]
         if step > self.last_needed:
             return
-        self.snapshots[step] = flat = snapshot(policy)
+        self.snapshots[step] = flat = self.snap(policy)
         for j, worker in enumerate(self.workers):
             try:
                 worker.send_weights(step, flat)

@@ -86,6 +86,116 @@ class Engine(Protocol):
         """Stop the engine (and its processes); a server is left alone."""
 
 
+class Engines:
+    """Several engines as one (`vllm_url=[...]`), shared by every trainer process that samples
+    on them.
+
+    generate      the requests shared out in contiguous runs among the engines that are up, sent
+                  side by side; a run whose engine fails goes to the next engine up (each request
+                  carries its seed and every engine holds the same version, so it draws the same
+                  tokens there), and the failed engine is left out from then on
+    load_weights  the same version into every engine up; under several trainer processes,
+                  `barrier` (every process calls it at the same points) holds each until all have
+                  finished sampling with the old version, process 0 alone sends, and none samples
+                  again until every engine holds the new one. An engine whose load fails is left
+                  out: it may hold half of a version, and is never asked again.
+    """
+
+    def __init__(self, engines: list, *, sends: bool = True, barrier=None, log=print):
+        if not engines:
+            raise EngineError("no engine to sample on")
+        self.engines, self.up = list(engines), list(engines)
+        self.sends, self.barrier, self.log = sends, barrier, log
+        self.version = min(e.version for e in engines)
+        self.lora_rank = min(e.lora_rank for e in engines)
+        limits = [e.max_model_len for e in engines if e.max_model_len is not None]
+        self.max_model_len = min(limits) if limits else None
+        self.name = engines[0].name if len(engines) == 1 else \
+            f"{len(engines)} engines ({', '.join(e.name for e in engines)})"
+
+    def _down(self, engine, error: Exception, what: str) -> None:
+        if engine in self.up:
+            self.up.remove(engine)
+        left = f"{len(self.up)} of {len(self.engines)} left" if self.up else "none left"
+        self.log(f"{engine.name} failed {what} and is left out ({left}): {error}")
+
+    def _alive(self, what: str) -> list:
+        if not self.up:
+            raise EngineError(f"every engine has failed ({', '.join(e.name for e in self.engines)}); "
+                              f"the last while {what}")
+        return list(self.up)
+
+    def generate(self, requests: list[Request]) -> list[Generated]:
+        from concurrent.futures import ThreadPoolExecutor
+        if len(self.engines) == 1:
+            return self.engines[0].generate(requests)
+        engines = self._alive("sampling")
+        n = len(engines)
+        runs = [requests[len(requests) * i // n:len(requests) * (i + 1) // n] for i in range(n)]
+        out: list = [None] * n
+        pending = [(i, engines[i]) for i in range(n) if runs[i]]
+        while pending:
+            with ThreadPoolExecutor(len(pending)) as pool:
+                done = {i: pool.submit(_try, e.generate, runs[i]) for i, e in pending}
+            retry = []
+            for i, engine in pending:
+                result, error = done[i].result()
+                if error is None:
+                    out[i] = result
+                    continue
+                self._down(engine, error, f"sampling {len(runs[i])} completions")
+                others = self._alive(f"sampling {len(runs[i])} completions")
+                retry.append((i, others[i % len(others)]))
+            pending = retry
+        return [g for run in out if run is not None for g in run]
+
+    def load_weights(self, weights, version: int) -> None:
+        self._each(lambda e: e.load_weights(weights, version), version, "loading weights")
+
+    def load_adapter(self, path: str, version: int) -> None:
+        self._each(lambda e: e.load_adapter(path, version), version, "loading an adapter")
+
+    def _each(self, load, version: int, what: str) -> None:
+        if self.barrier is not None:
+            self.barrier()    # every process has finished sampling with the old version
+        if self.sends:
+            engines = self._alive(f"{what} (version {version})")
+            for engine in engines:     # one at a time: each reads the same tensors
+                try:
+                    load(engine)
+                except EngineError as e:
+                    if len(self.engines) == 1:
+                        raise
+                    self._down(engine, e, f"{what} (version {version})")
+            self._alive(f"{what} (version {version})")
+        if self.barrier is not None:
+            self.barrier()    # ... and none samples before every engine holds the new one
+        self.version = version
+
+    def sleep(self) -> None:
+        for e in self.up:
+            e.sleep()
+
+    def wake(self) -> None:
+        for e in self.up:
+            e.wake()
+
+    def health(self) -> str | None:
+        problems = [p for p in (e.health() for e in self.engines) if p]
+        return "; ".join(problems) or None
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
+
+
+def _try(call, *args):
+    try:
+        return call(*args), None
+    except EngineError as e:
+        return None, e
+
+
 def row_seeds(uniforms: torch.Tensor | None, n: int, base: int) -> list[int]:
     """A seed per row: from the row's first two draws when the caller made them (they come from
     the run's seed, the step and the row), else base, base + 1, ..."""

@@ -264,14 +264,9 @@ class VLLMServerEngine:
         return list(self.pool.map(self._one, requests))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Under torchrun every process shares the server: process 0 sends, and none goes on
-        (to sample with the server) until the server holds the new version."""
-        import torch.distributed as dist
-        together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if not together or dist.get_rank() == 0:
-            self._send(weights, version)
-        if together:
-            dist.barrier()
+        """Send the weights (under torchrun `Engines` has process 0 alone call this, and holds
+        the others until the server has them)."""
+        self._send(weights, version)
         self.version = version
 
     def _send(self, weights, version: int) -> None:
