@@ -208,13 +208,18 @@ def given_label(rows) -> str:
 def given_rows(value, columns: Columns = Columns(), key: str = "dataset") -> list[dict]:
     """Rows given to train() in Python (`key` dataset or eval_dataset): a list of dicts or a
     `datasets.Dataset`, read as a file's rows are; errors name them by `given_label`."""
-    import datasets
+    try:
+        import datasets
+    except ImportError:     # a list of dicts needs no `datasets`
+        datasets = None
 
     call = f"train({key}=...)"
-    if isinstance(value, datasets.DatasetDict):
+    if datasets is None:
+        pass
+    elif isinstance(value, datasets.DatasetDict):
         raise DataError(f"{call}: a DatasetDict holds the splits {list(value)}; give one of them, "
                         f"as {key}=d[{next(iter(value), 'train')!r}]")
-    if isinstance(value, datasets.Dataset):
+    elif isinstance(value, datasets.Dataset):
         return table_rows(value, value.column_names, columns, given_label(value))
     if not isinstance(value, (list, tuple)):
         raise DataError(f"{call}: expected a list of row dicts or a datasets.Dataset, got "

@@ -386,9 +386,12 @@ class _SelectedLogprobs(torch.autograd.Function):
         M = hidden.shape[0]
         logp, lse, entropy = (hidden.new_empty(M, dtype=torch.float32) for _ in range(3))
         buffers = _Buffers(min(chunk, M), weight.shape[0], hidden.device)
+        # float32 hidden states and a bfloat16 head (FSDP2's mixed precision gathers the weights
+        # in bfloat16): the head in float32, as the backward computes it
+        w = weight.float() if hidden.dtype == torch.float32 else weight
         for start in range(0, M, chunk):
             rows = slice(start, start + chunk)
-            shifted = buffers.logits(hidden[rows], weight, bias, inv_temp)
+            shifted = buffers.logits(hidden[rows], w, bias, inv_temp)
             if penalty is not None:
                 shifted.mul_(penalty.scale(shifted, rows))          # repeats penalized as sampled
             if cut.active:
@@ -421,7 +424,7 @@ class _SelectedLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
-            d_logits = buffers.logits(h, weight, bias, ctx.inv_temp)
+            d_logits = buffers.logits(h, w if h.dtype == torch.float32 else weight, bias, ctx.inv_temp)
             scale = None
             if ctx.penalty is not None:
                 scale = ctx.penalty.scale(d_logits, rows)

@@ -13,6 +13,7 @@ the same version: it draws what the dead one would have drawn.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue
@@ -106,6 +107,20 @@ class _Client:
             return self.versions[need]
 
     def _run(self, first: int, stream: PromptStream) -> None:
+        device = next(self.model.parameters()).device
+        # on a GPU the client's kernels go on a stream of their own, beside the trainer's
+        on_gpu = torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else None
+        with on_gpu if on_gpu is not None else contextlib.nullcontext():
+            self._loop(first, stream)
+
+    @staticmethod
+    def _whole() -> None:
+        """On a GPU, the client's kernels so far have finished: the part's tensors are whole
+        before the trainer (or the scoring thread) reads them."""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.current_stream().synchronize()
+
+    def _loop(self, first: int, stream: PromptStream) -> None:
         scorer = ThreadPoolExecutor(1, "grpo-scorer") if self.work.draw is not None else None
         scoring: list = []
         loaded = -1
@@ -132,11 +147,13 @@ class _Client:
                     part = part_of(self.work, self.sampler, stream, step, need, self.share)
                     part.wait = (waited, part.work[0])
                     part.extra["time/engine_sync_s"] = self.sync_s
+                    self._whole()
                     self.parts.put(part)
                     continue
                 part = drawn_part(self.work, self.sampler, stream, step, need, self.share)
                 part.wait = (waited, part.work[0])
                 part.extra["time/engine_sync_s"] = self.sync_s
+                self._whole()
                 scoring.append(scorer.submit(self._score, part))
             for f in scoring:
                 f.result()
@@ -186,7 +203,10 @@ def clone_parameters(model) -> list[torch.Tensor]:
     """A version for an engine client: the trained parameters, each copied where it is (the
     client's copy may hold another dtype, so no flat buckets)."""
     with torch.no_grad():
-        return [p.detach().clone() for p in trained_parameters(model)]
+        params = [p.detach().clone() for p in trained_parameters(model)]
+    if params and params[0].is_cuda:
+        torch.cuda.current_stream().synchronize()   # whole before the client's stream reads them
+    return params
 
 
 def load_parameters(model, params: list[torch.Tensor]) -> None:
