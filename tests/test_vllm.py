@@ -445,3 +445,119 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# ---------------------------------------------------------------- async_steps on servers
+
+ASYNC = ["sampler=vllm_server", "async_steps=1", "steps=5", "sft_steps=0", "prompts_per_step=4",
+         "group_size=4", "max_new_tokens=12", "eval_every=0", "threads=1", "lr=1e-3",
+         "rewards=[shaped:distinct]", "report_to=[]"]
+CLOCKS = ("time/", "tokens/s", "pipeline/trainer_wait_s", "pipeline/worker_wait_s", "pipeline/publish_s")
+
+
+def grpo_train(model_dir, urls, out, *more, env=None, expect=0, torchrun=0):
+    from test_distributed import REWARD, free_port
+    (out.parent / "shaped.py").write_text(REWARD)   # a reward that varies between completions
+    head = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(torchrun),
+             f"--master-port={free_port()}", "-m", "grpo", "train"] if torchrun
+            else [sys.executable, "-m", "grpo", "train"])
+    url = urls[0] if len(urls) == 1 else "[" + ",".join(urls) + "]"
+    done = subprocess.run(head + [f"model={model_dir}", f"vllm_url={url}", *ASYNC, *more,
+                                  f"output_dir={out}"], capture_output=True, text=True, timeout=600,
+                          cwd=out.parent,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    assert done.returncode == expect, done.stderr[-3000:]
+    return done
+
+
+def repeatable(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(CLOCKS)} for r in rows]
+
+
+def final_weights(run_dir) -> dict:
+    from safetensors.torch import load_file
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def test_async_on_a_server_repeats_and_a_sigkilled_run_resumes_to_the_same_weights(
+        session_server, engine_model_dir, tmp_path):
+    """async_steps=1 on a real vLLM server: step t's groups drawn by the weights after step t-2
+    (staleness 1), sent to the server by the trainer's client thread. Two runs are equal, and a
+    run SIGKILLed at a random point of its sampling and resumed with resume=auto ends with the
+    metrics and the final weights of an unbroken one."""
+    import random
+    urls = [session_server.url]
+    grpo_train(engine_model_dir, urls, tmp_path / "a", "save_every=1")
+    grpo_train(engine_model_dir, urls, tmp_path / "b", "save_every=0")
+    a, b = repeatable(tmp_path / "a"), repeatable(tmp_path / "b")
+    assert [r["step"] for r in a] == [1, 2, 3, 4, 5]
+    assert [r["pipeline/staleness_max"] for r in a] == [0, 1, 1, 1, 1]
+    assert a == b
+    start = final_weights(tmp_path / "a")
+    from safetensors.torch import load_file
+    first = load_file(engine_model_dir / "model.safetensors")
+    assert max((start[k] - first[k]).abs().max().item() for k in first) > 1e-4     # it trained
+    kill_at = random.Random(os.environ.get("GRPO_TEST_SEED", "39")).randint(2, 5)
+    grpo_train(engine_model_dir, urls, tmp_path / "k", "save_every=1",
+               env={"GRPO_FAULT_KILL_AT": f"rollout:{kill_at}"}, expect=-9)
+    grpo_train(engine_model_dir, urls, tmp_path / "k", "save_every=1", "resume=auto")
+    assert repeatable(tmp_path / "k") == a, f"killed at the {kill_at}th sampling"
+    killed = final_weights(tmp_path / "k")
+    assert all(torch.equal(killed[k], start[k]) for k in start), f"killed at the {kill_at}th sampling"
+
+
+@pytest.fixture(scope="session")
+def second_server(engine_model_dir, tmp_path_factory):
+    from grpo.commands.launch import free_port, stop
+    server = healthy(start_server(engine_model_dir, free_port(),
+                                  tmp_path_factory.mktemp("server2") / "vllm.log"))
+    yield server
+    stop(server.process)
+
+
+def test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process(
+        session_server, second_server, engine_model_dir, tmp_path):
+    """vllm_url=[a,b] under torchrun with 2 trainer processes: each process's client shares its
+    requests out between the two servers, process 0 sends every version to both, and all wait
+    for it; the run equals one process on one server up to DDP's summation order."""
+    grpo_train(engine_model_dir, [session_server.url], tmp_path / "one", "steps=3")
+    grpo_train(engine_model_dir, [session_server.url, second_server.url], tmp_path / "two", "steps=3",
+               torchrun=2)
+    one, two = repeatable(tmp_path / "one"), repeatable(tmp_path / "two")
+    assert [r["step"] for r in two] == [1, 2, 3] and len(one) == 3
+    for x, y in zip(one, two):
+        assert x.keys() == y.keys()
+        assert all(x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6) for k in x), x["step"]
+    w1, w2 = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 2e-5
+
+
+def test_a_server_that_dies_mid_run_is_left_out_and_the_run_is_unchanged(
+        session_server, second_server, engine_model_dir, tmp_path):
+    """Two servers, the second SIGKILLed once step 1 is logged: its requests go to the first
+    (each carries its seed, and both hold the same version), the run says so in one line and
+    ends as a run on the first server alone does."""
+    import signal
+    import time
+    grpo_train(engine_model_dir, [session_server.url], tmp_path / "alone", "steps=4")
+    run_dir = tmp_path / "two"
+    args = [sys.executable, "-m", "grpo", "train", f"model={engine_model_dir}",
+            f"vllm_url=[{session_server.url},{second_server.url}]", *ASYNC, "steps=4",
+            f"output_dir={run_dir}"]
+    trainer = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text():
+            assert trainer.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+    finally:
+        os.killpg(second_server.process.pid, signal.SIGKILL)
+        second_server.process.wait()
+    out = trainer.communicate(timeout=300)[0]
+    assert trainer.returncode == 0, out[-3000:]
+    assert f"the vLLM server at {second_server.url} failed" in out and "left out (1 of 2 left)" in out
+    assert repeatable(run_dir) == repeatable(tmp_path / "alone")
+    w1, w2 = final_weights(tmp_path / "alone"), final_weights(run_dir)
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
