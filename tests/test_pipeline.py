@@ -423,3 +423,44 @@ def test_forked_workers_on_a_gpu_model_are_refused_and_an_engine_client_is_not()
     check_pipeline(build_config({"async_steps": 1, "rollout_workers": 0}), None, on_gpu)
     check_pipeline(build_config({"async_steps": 1, "sampler": "vllm_server",
                                  "vllm_url": "http://127.0.0.1:1"}), None, on_gpu)
+
+
+def test_dynamic_sampling_with_async_steps_on_two_trainers_equals_one(tiny_model_dir, tmp_path):
+    """DAPO's dynamic sampling under async_steps on 2 trainer processes: each process's engine
+    client (a thread; rollout_workers=0) samples its part of each round, and the clients gather
+    every round in a group of their own, so both keep the same groups and refill together. The
+    run equals one process up to DDP's summation order, refills and dropped groups included."""
+    from test_distributed import ARGS as DDP_ARGS, torchrun
+    from test_distributed import run as run_cmd
+    (tmp_path / "often_equal.py").write_text(
+        "def has_a(prompts, completions, **columns):\n"
+        "    return [float('a' in c) for c in completions]\n")
+    args = [f"model={tiny_model_dir}", *DDP_ARGS, "rewards=[often_equal:has_a]", "async_steps=1",
+            "rollout_workers=0", "dynamic_sampling=true", "max_sampling_rounds=3", "seed=1",
+            "report_to=[]"]
+    run_cmd([sys.executable, "-m", "grpo", "train", *args, f"output_dir={tmp_path / 'one'}"], tmp_path)
+    run_cmd([*torchrun(2), *args, f"output_dir={tmp_path / 'two'}"], tmp_path)
+    def rows(name):
+        return exact([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    one, two = rows("one"), rows("two")
+    assert [r["pipeline/staleness_max"] for r in two] == [0, 1, 1] and len(one) == 3
+    assert sum(r["sampling/dropped_groups"] for r in one) > 0          # refills happened
+    # (with this seed every step kept an even number of groups: none left out to share evenly)
+    assert [r["sampling/unshared_groups"] for r in two] == [0, 0, 0]
+    assert all(0 <= r["pipeline/staleness_mean"] <= 1 for r in one + two)
+    for a, b in zip(one, two):
+        assert {k for k in a} | {"sampling/unshared_groups", "time/gather_s"} >= b.keys() >= a.keys()
+        assert all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6) for k in a), a["step"]
+    p1, p2 = (load_file(tmp_path / n / "final" / "model.safetensors") for n in ("one", "two"))
+    assert max((p1[k] - p2[k]).abs().max().item() for k in p1) < 2e-5
+
+
+def test_staleness_counts_the_groups_a_step_kept_only():
+    """Dynamic sampling keeps groups 0 and 2 and drops 1: at step 5 (the trainer holds version
+    4), group 0 drawn by version 3 is 1 behind and group 2 drawn by version 2 is 2 behind: mean
+    1.5, max 2 (the dropped id 1 is no group; it was counted as one infinitely old)."""
+    from types import SimpleNamespace
+    from grpo.step import staleness
+    kept = SimpleNamespace(group_ids=torch.tensor([0, 0, 2, 2]),
+                           versions=torch.tensor([[3, 3, -1], [3, -1, -1], [2, 2, 2], [2, -1, -1]]))
+    assert staleness(kept, 5) == {"pipeline/staleness_mean": 1.5, "pipeline/staleness_max": 2.0}

@@ -244,13 +244,16 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
     if client:
         model = client_model if client_model is not None else copy.deepcopy(learner.policy)
         barrier = None
-        if world.size > 1 and c.sampling.sampler == "vllm_server":
-            # the processes' clients share the servers: they meet (in a group of their own, away
-            # from the trainers' collectives) around each weight load
+        if world.size > 1:
+            # the processes' clients meet in a group of their own, away from the trainers'
+            # collectives: around each weight load of the servers they share, and in each round
+            # of dynamic sampling
             import datetime
             import torch.distributed as dist
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=p.transfer_timeout_s))
-            barrier = lambda: dist.barrier(group=group)  # noqa: E731
+            world = distributed.World(world.rank, world.size, group)
+            if c.sampling.sampler == "vllm_server":
+                barrier = lambda: dist.barrier(group=group)  # noqa: E731
         sampler = make_sampler(c, model, tokenizer, data.agent, engine, sync=False, barrier=barrier,
                                world=world, log=log)
         where = getattr(getattr(sampler, "engine", None), "name", None) or "grpo's own sampler"
@@ -303,11 +306,12 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
         raise build.ConfigError(
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
             f"number of processes ({world.size}): each process takes whole groups")
-    if c.sampling.dynamic_sampling and c.pipeline.async_steps:
+    if c.sampling.dynamic_sampling and c.pipeline.async_steps and not uses_client(c):
         preset = f" (set by algorithm={c.run.algorithm})" if c.run.algorithm == "dapo" else ""
         raise build.ConfigError(f"config key 'dynamic_sampling'{preset} with async_steps is not supported "
-                                "with more than one process yet (each trainer's worker would refill only "
-                                "its own share); set dynamic_sampling=false, async_steps=0, or run one process")
+                                "and forked rollout workers on more than one process (each trainer's "
+                                "workers would refill only their own share); set rollout_workers=0 (a "
+                                "thread of each trainer samples, and they refill together) or sample on vLLM")
     if c.loss.advantage == "batch_norm":
         raise build.ConfigError("config key 'advantage': batch_norm needs the whole batch's rewards "
                                 "and is not supported with more than one process yet")

@@ -375,5 +375,6 @@ def staleness(rollout: Rollout, step: int) -> dict:
     row_oldest = rollout.versions.masked_fill(rollout.versions < 0, never).min(-1).values
     oldest = torch.full((int(rollout.group_ids.max()) + 1,), never).scatter_reduce(
         0, rollout.group_ids, row_oldest, "amin")
-    behind = (step - 1 - oldest).float()
+    # the groups present only: dynamic sampling keeps some ids and drops others
+    behind = (step - 1 - oldest[rollout.group_ids.unique()]).float()
     return {"pipeline/staleness_mean": behind.mean().item(), "pipeline/staleness_max": behind.max().item()}

@@ -311,7 +311,7 @@ def _lora_not_sharded(c: dict) -> str | None:
 
 
 def _async_dynamic_sampling_one_worker(c: dict) -> str | None:
-    if c["async_steps"] and c["dynamic_sampling"] and c["rollout_workers"] > 1:
+    if c["async_steps"] and c["dynamic_sampling"] and c["rollout_workers"] > 1 and c["sampler"] == "hf":
         return ("config key 'dynamic_sampling' with async_steps needs one rollout worker "
                 f"(rollout_workers={c['rollout_workers']}): each worker would "
                 "refill only its own share of the groups; set rollout_workers=1")

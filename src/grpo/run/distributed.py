@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,9 @@ import torch
 class World:
     rank: int = 0
     size: int = 1
+    group: object = field(default=None, compare=False, repr=False)
+    """The process group its gathers use (None: the default one; the pipeline's engine clients
+    have one of their own, away from the trainers' collectives)."""
 
     @property
     def is_main(self) -> bool:
@@ -127,7 +130,7 @@ def gather_objects(obj, world: World) -> list:
         return [obj]
     import torch.distributed as dist
     out = [None] * world.size
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=world.group)
     return out
 
 
