@@ -140,39 +140,8 @@ class RewardServer:
             time.sleep(pause)
 
     def _exchange(self, body: bytes, deadline: float) -> tuple[int, str, bytes]:
-        """One request: (status, reason, the answer's body), every step within `deadline`
-        (TimeoutError past it). The environment's proxy (http_proxy, https_proxy, no_proxy) is
-        used as urllib would; a name lookup keeps the system resolver's own timeouts."""
-        parts = self._parts
-        https = parts.scheme == "https"
-        kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
-        target, headers = parts.path or "/", {"Content-Type": "application/json"}
-        if parts.query:
-            target += f"?{parts.query}"
-        proxy = _proxy(parts)
-        if proxy is None:
-            connection = kind(parts.hostname, parts.port, timeout=_left(deadline))
-        else:
-            connection = kind(proxy.hostname, proxy.port, timeout=_left(deadline))
-            auth = _proxy_auth(proxy)
-            if https:        # a tunnel through the proxy (CONNECT), then TLS with the server
-                connection.set_tunnel(parts.hostname, parts.port, headers=auth)
-            else:            # the proxy is asked for the whole address
-                target = self.url
-                headers.update(auth)
-        connection.connect()           # the socket's timeout bounds the connect (and TLS handshake)
-        sock = connection.sock
-        try:
-            connection.sock = _DeadlineSocket(sock, deadline)
-            connection.request("POST", target, body=body, headers=headers)
-            response = connection.getresponse()
-            chunks = []
-            while chunk := response.read(1 << 16):   # each read re-armed with the time left
-                chunks.append(chunk)
-            return response.status, response.reason, b"".join(chunks)
-        finally:
-            connection.close()
-            sock.close()
+        """One request (`post`)."""
+        return post(self.url, body, deadline)
 
     def _rewards(self, status: int, raw: bytes, n: int) -> list:
         """The rewards of a 2xx answer, or ServerFailed saying what the answer was instead. An
@@ -213,6 +182,43 @@ class _TooLarge(Exception):
     def __init__(self, message: str, size: int):
         super().__init__(message)
         self.size = size
+
+
+def post(url: str, body: bytes, deadline: float) -> tuple[int, str, bytes]:
+    """POST `body` (JSON) to `url`: (status, reason, the answer's body), every step within
+    `deadline` (time.monotonic(); TimeoutError past it), so a server that answers nothing or
+    trickles its answer ends the call there. The environment's proxy (http_proxy, https_proxy,
+    no_proxy) is used as urllib would; a name lookup keeps the system resolver's own timeouts."""
+    parts = urllib.parse.urlsplit(url)
+    https = parts.scheme == "https"
+    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    target, headers = parts.path or "/", {"Content-Type": "application/json"}
+    if parts.query:
+        target += f"?{parts.query}"
+    proxy = _proxy(parts)
+    if proxy is None:
+        connection = kind(parts.hostname, parts.port, timeout=_left(deadline))
+    else:
+        connection = kind(proxy.hostname, proxy.port, timeout=_left(deadline))
+        auth = _proxy_auth(proxy)
+        if https:        # a tunnel through the proxy (CONNECT), then TLS with the server
+            connection.set_tunnel(parts.hostname, parts.port, headers=auth)
+        else:            # the proxy is asked for the whole address
+            target = url
+            headers.update(auth)
+    connection.connect()           # the socket's timeout bounds the connect (and TLS handshake)
+    sock = connection.sock
+    try:
+        connection.sock = _DeadlineSocket(sock, deadline)
+        connection.request("POST", target, body=body, headers=headers)
+        response = connection.getresponse()
+        chunks = []
+        while chunk := response.read(1 << 16):   # each read re-armed with the time left
+            chunks.append(chunk)
+        return response.status, response.reason, b"".join(chunks)
+    finally:
+        connection.close()
+        sock.close()
 
 
 def _left(deadline: float) -> float:

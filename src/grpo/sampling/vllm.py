@@ -185,24 +185,27 @@ def serve_command(model: str, port: int, *, seed: int, dtype: str,
 
 
 def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str):
-    """POST JSON to the server; its JSON answer (None when empty). Any failure is an EngineError
-    naming the server and what was being sent."""
+    """POST JSON to the server; its JSON answer (None when empty). The call has one deadline,
+    `timeout_s` from its start, over connecting, sending and every read: a server that answers
+    nothing, or trickles its answer, ends it there. Any failure is an EngineError naming the
+    server and what was being sent."""
     import json
-    import urllib.error
-    import urllib.request
-    data = json.dumps(body or {}).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    import time
+    from grpo.rewards.sources import post
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            text = response.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[-500:]
-        raise EngineError(f"the vLLM server at {server} answered {e.code} to {what}: {detail}") from None
-    except (urllib.error.URLError, OSError) as e:   # refused, reset, timed out
-        reason = getattr(e, "reason", e)
+        status, reason, text = post(url, json.dumps(body or {}).encode(), time.monotonic() + timeout_s)
+    except (OSError, TimeoutError) as e:   # refused, reset, the deadline passed
         raise EngineError(f"the vLLM server at {server} did not answer {what} within "
-                          f"{timeout_s:g} s: {reason}") from None
-    return json.loads(text) if text.strip() else None
+                          f"{timeout_s:g} s: {getattr(e, 'strerror', None) or e}") from None
+    if status >= 300:
+        detail = text.decode(errors="replace")[-500:]
+        raise EngineError(f"the vLLM server at {server} answered {status} {reason} to {what}: "
+                          f"{detail}")
+    try:
+        return json.loads(text) if text.strip() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise EngineError(f"the vLLM server at {server} answered {what} with something that is "
+                          f"not JSON: {text[:200]!r}") from None
 
 
 class VLLMServerEngine:

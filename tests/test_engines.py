@@ -1,0 +1,132 @@
+"""Several engines as one (`Engines`, vllm_url=[...]): requests shared out, a failed engine left
+out with its requests sent to another, weights loaded once into each, process 0 alone sending;
+and the deadline of every call to a vLLM server, against a real HTTP server on loopback.
+
+The engines here are small in-process objects that draw from each request's seed: they test how
+`Engines` shares, retries and loads, not vLLM (tests/test_vllm.py runs the same on real servers).
+"""
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from grpo.sampling.engine import EngineError, Engines, Generated, Request
+
+
+class SeededEngine:
+    """Draws token (seed * 7 + version) % 50 for each request; fails when told to."""
+    lora_rank, max_model_len = 0, 512
+
+    def __init__(self, name: str, fail_generate: bool = False, fail_load: bool = False):
+        self.name, self.fail_generate, self.fail_load = name, fail_generate, fail_load
+        self.version, self.served, self.loads = -1, [], []
+
+    def generate(self, requests):
+        if self.fail_generate:
+            raise EngineError(f"{self.name} is gone")
+        self.served += [r.seed for r in requests]
+        return [Generated(((r.seed * 7 + self.version) % 50,), (-1.0,), False) for r in requests]
+
+    def load_weights(self, weights, version):
+        if self.fail_load:
+            raise EngineError(f"{self.name} took half of version {version}")
+        self.loads.append(version)
+        self.version = version
+
+    def close(self):
+        pass
+
+
+def requests(n):
+    return [Request(prompt_ids=(1, 2), max_tokens=4, seed=s, temperature=1.0) for s in range(n)]
+
+
+def test_requests_are_shared_out_and_a_failed_engines_go_to_another_with_the_same_draws():
+    alone = SeededEngine("a")
+    want = alone.generate(requests(9))
+    lines = []
+    a, b, c = SeededEngine("a"), SeededEngine("b", fail_generate=True), SeededEngine("c")
+    engines = Engines([a, b, c], log=lines.append)
+    assert engines.generate(requests(9)) == want            # in request order, whoever drew them
+    assert lines == ["b failed sampling 3 completions and is left out (2 of 3 left): b is gone"]
+    assert sorted(a.served + c.served) == list(range(9)) and b.served == []
+    a.served, c.served = [], []
+    assert engines.generate(requests(9)) == want            # b is not asked again
+    assert a.served == list(range(4)) and c.served == list(range(4, 9))
+    a.fail_generate = c.fail_generate = True
+    with pytest.raises(EngineError, match=r"^every engine has failed \(a, b, c\)"):
+        engines.generate(requests(4))
+
+
+def test_weights_go_to_every_engine_once_and_one_that_fails_to_load_is_never_asked_again():
+    lines, met = [], []
+    a, b = SeededEngine("a"), SeededEngine("b", fail_load=True)
+    engines = Engines([a, b], log=lines.append, barrier=lambda: met.append("barrier"))
+    engines.load_weights([], 3)
+    assert a.loads == [3] and engines.version == 3 and met == ["barrier", "barrier"]
+    assert lines == ["b failed loading weights (version 3) and is left out (1 of 2 left): b took half of version 3"]
+    assert [g.token_ids for g in engines.generate(requests(2))] == [(3,), (10,)]   # a alone, version 3
+    b.fail_load = False
+    engines.load_weights([], 4)
+    assert b.loads == []                                    # half a version earlier: never again
+    # a process other than 0 sends nothing, and waits as often as process 0 does
+    quiet = SeededEngine("q")
+    other = Engines([quiet], sends=False, barrier=lambda: met.append("other"))
+    other.load_weights([], 5)
+    assert quiet.loads == [] and other.version == 5 and met.count("other") == 2
+
+
+def test_one_engine_that_fails_to_load_stops_the_run_with_its_error():
+    with pytest.raises(EngineError, match="took half of version 1"):
+        Engines([SeededEngine("a", fail_load=True)]).load_weights([], 1)
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """/v1/models as vLLM answers it; /v1/completions one byte every half second, never done."""
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "tiny", "max_model_len": 64}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        try:
+            for _ in range(200):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.5)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_vllm_server_that_trickles_its_answer_is_stopped_at_the_calls_deadline():
+    """The deadline covers the whole call: a socket timeout alone restarts at every byte, and
+    this server sends one every half second for 100 s."""
+    from grpo.sampling.vllm import VLLMServerEngine
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        engine = VLLMServerEngine(url, timeout_s=1.5)
+        assert engine.max_model_len == 64
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=rf"^the vLLM server at {url} did not answer a completion "
+                                              r"request \(2 prompt tokens\) within 1.5 s"):
+            engine.generate(requests(1))
+        assert time.monotonic() - started < 3.0
+        engine.close()
+    finally:
+        server.shutdown()
