@@ -211,6 +211,24 @@ def test_lora_training_on_the_engine_syncs_the_merged_weights(engine, engine_mod
     assert max(m["sampler/logp_diff"] for m in result.history) < 1e-4
 
 
+def test_async_steps_on_an_engine_in_this_process_repeats(engine, engine_model_dir, tmp_path):
+    """async_steps=1 on vLLM in this process (train(engine=...)): the pipeline's client thread
+    samples on it, loading each version the schedule names; two runs are equal and staleness
+    is 1 from step 2 on."""
+    from grpo.train import train
+    keys = {"model": str(engine_model_dir), "sampler": "vllm", "async_steps": 1, "steps": 4,
+            "sft_steps": 4, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 12,
+            "eval_every": 0, "save_every": 0, "threads": 1, "lr": 1e-3}
+    runs = [train(build_config({**keys, "output_dir": str(tmp_path / n)}), engine=engine,
+                  log=lambda line: None) for n in ("a", "b")]
+    clocks = ("time/", "tokens/s", "pipeline/trainer_wait_s", "pipeline/worker_wait_s", "pipeline/publish_s")
+    a, b = ([{k: v for k, v in m.items() if not k.startswith(clocks)} for m in r.history] for r in runs)
+    assert a == b and [m["pipeline/staleness_max"] for m in a] == [0, 1, 1, 1]
+    # step 1 was drawn by the cold-started weights, which the trainer holds then: ratio 1
+    assert a[0]["ratio/mean"] == pytest.approx(1.0, abs=1e-5)
+    assert engine.version == 2       # the last version sampled from: step 4's, the weights after step 2
+
+
 def test_a_given_engine_is_refused_where_it_cannot_serve(engine, engine_model_dir, tmp_path):
     from grpo.config import ConfigError
     from grpo.train import train
@@ -389,9 +407,11 @@ def test_a_trainer_killed_mid_run_resumes_on_the_same_server(session_server, eng
     assert all(r["sampler/logp_diff"] < 1e-4 for r in rows[2:])      # synced to the checkpoint
 
 
-def test_a_server_killed_mid_run_stops_the_run_with_a_clear_error(engine_model_dir, tmp_path):
+@pytest.mark.parametrize("async_steps", [0, 1])
+def test_a_server_killed_mid_run_stops_the_run_with_a_clear_error(engine_model_dir, tmp_path, async_steps):
     """A server of its own, SIGKILLed once the first step is logged: the trainer stops in one
-    line naming the server and what it was sending, and the steps done are kept."""
+    line naming the server and what it was sending, and the steps done are kept; with
+    async_steps the error comes from the client thread, and is said the same way."""
     import signal
     import time
     from grpo.commands.launch import free_port
@@ -401,7 +421,7 @@ def test_a_server_killed_mid_run_stops_the_run_with_a_clear_error(engine_model_d
         [sys.executable, "-m", "grpo", "train", f"model={engine_model_dir}", "sampler=vllm_server",
          f"vllm_url={server.url}", "vllm_timeout_s=30", "steps=50", "sft_steps=0",
          "prompts_per_step=2", "group_size=4", "max_new_tokens=12", "eval_every=0",
-         "save_every=1", "threads=1", f"output_dir={run_dir}"],
+         "save_every=1", "threads=1", f"async_steps={async_steps}", f"output_dir={run_dir}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300

@@ -259,7 +259,7 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: build.Data
         where = getattr(getattr(sampler, "engine", None), "name", None) or "grpo's own sampler"
         log(f"async_steps={p.async_steps}: step t's groups are sampled on {where} from the weights "
             f"after step t-{1 + p.async_steps}, by a thread of this process")
-        pair = (model, sampler)
+        pair = (model, sampler, engine is None)
     return Groups(work, workers=workers, world=world, first=first,
                   stream_state=stream.state_dict(), queued=ahead["queued"] if ahead else None,
                   restarts=p.worker_restarts, log=log, client=pair)

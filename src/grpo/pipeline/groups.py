@@ -72,8 +72,10 @@ class _Client:
     holds the lagged version. Versions arrive with `send_weights`; the parts leave through a
     queue, or the error that stopped the thread does."""
 
-    def __init__(self, work: Work, share: World, model, sampler, *, timeout_s: float):
+    def __init__(self, work: Work, share: World, model, sampler, *, timeout_s: float,
+                 owns_engine: bool = True):
         self.work, self.share, self.model, self.sampler = work, share, model, sampler
+        self.owns_engine = owns_engine
         self.timeout_s = timeout_s
         self.versions: dict[int, list] = {}
         self.ready = threading.Condition()
@@ -130,11 +132,11 @@ class _Client:
                 waited = time.time()
                 if loaded != need:
                     load_parameters(self.model, self._version(need))
-                    engine = getattr(self.sampler, "engine", None)
-                    synced = time.perf_counter()
-                    if engine is None or engine.version != need:
-                        self.sampler.sync(self.model, need) if engine is not None else \
-                            self.sampler.sync(self.model)
+                    synced = time.perf_counter()   # the engine's own numbering may be another's
+                    if getattr(self.sampler, "engine", None) is not None:
+                        self.sampler.sync(self.model, need)
+                    else:
+                        self.sampler.sync(self.model)
                     self.sync_s = time.perf_counter() - synced
                     loaded = need
                 else:
@@ -191,7 +193,7 @@ class _Client:
         if self.thread is not None:
             self.thread.join(timeout=5.0)
         engine = getattr(self.sampler, "engine", None)
-        if engine is not None:
+        if engine is not None and self.owns_engine:   # one given to train() is its caller's
             engine.close()
 
 
@@ -220,9 +222,9 @@ class Groups:
 
     def __init__(self, work: Work, *, workers: int, world: World, first: int, stream_state: dict,
                  queued: dict[int, list] | None, restarts: int, log=print, client=None):
-        """`client`: (model, sampler) of an engine client, a thread of this process that samples
-        on the sampler's engine, loading each version into `model` first; else `workers` forked
-        rollout workers."""
+        """`client`: (model, sampler, owns_engine) of an engine client, a thread of this process
+        that samples on the sampler's engine (closed at the end when it owns it), loading each
+        version into `model` first; else `workers` forked rollout workers."""
         self.work, self.k, self.world, self.log = work, work.k, world, log
         self.restarts_left, self.restarts = restarts, 0
         # a checkpoint's queued steps (an older grpo's hold dicts)
@@ -245,8 +247,8 @@ class Groups:
         self.workers: list = []
         self.zygote = None
         if client is not None:
-            model, sampler = client
-            engine = _Client(work, world, model, sampler, timeout_s=work.timeout_s)
+            model, sampler, owns = client
+            engine = _Client(work, world, model, sampler, timeout_s=work.timeout_s, owns_engine=owns)
             self.workers.append(engine)
             self._catch_up(engine)
             if self.next <= work.steps:
