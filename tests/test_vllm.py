@@ -509,7 +509,9 @@ def test_async_on_a_server_repeats_and_a_sigkilled_run_resumes_to_the_same_weigh
     import random
     urls = [session_server.url]
     grpo_train(engine_model_dir, urls, tmp_path / "a", "save_every=1")
-    grpo_train(engine_model_dir, urls, tmp_path / "b", "save_every=0")
+    # b's versions go through a directory of the user's (as on a shared file system), not /dev/shm
+    grpo_train(engine_model_dir, urls, tmp_path / "b", "save_every=0", f"vllm_weights_dir={tmp_path / 'w'}")
+    assert (tmp_path / "w").is_dir() and list((tmp_path / "w").iterdir()) == []   # its own, removed
     a, b = repeatable(tmp_path / "a"), repeatable(tmp_path / "b")
     assert [r["step"] for r in a] == [1, 2, 3, 4, 5]
     assert [r["pipeline/staleness_max"] for r in a] == [0, 1, 1, 1, 1]

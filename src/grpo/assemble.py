@@ -379,7 +379,10 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: build.Agent | None = 
         from grpo.sampling.vllm import VLLMServerEngine
         world = world or distributed.World()
         try:
-            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s) for url in s.vllm_url]
+            if s.vllm_weights_dir:
+                Path(s.vllm_weights_dir).mkdir(parents=True, exist_ok=True)
+            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s,
+                                        weights_dir=s.vllm_weights_dir or None) for url in s.vllm_url]
         except EngineError as e:
             raise build.ConfigError(f"config key 'vllm_url': {e}") from None
         if barrier is None and world.size > 1:

@@ -196,6 +196,11 @@ class SamplingConfig:
     """sampler=vllm_server: the servers' addresses, http://HOST:PORT, one or a list
     (`vllm_url=[http://a:8000,http://b:8000]`; `grpo launch` sets it). Each process's requests are
     shared out among them; a server that fails is left out and its requests go to another."""
+    vllm_weights_dir: str = ""
+    """sampler=vllm_server: where the trainer writes each weight version for the servers to read
+    (one safetensors file per server, in a fresh directory under it). Empty: /dev/shm, for
+    servers on the trainer's machine; servers on other machines need a directory they see at
+    the same path (a shared file system)."""
     vllm_timeout_s: float = 300.0
     """sampler=vllm_server: the longest one request or one weight update may take; past it the run
     stops with an error naming the server and what was being sent."""

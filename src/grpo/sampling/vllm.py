@@ -231,7 +231,8 @@ class VLLMServerEngine:
         self.model = models["data"][0]["id"]
         self.max_model_len = models["data"][0].get("max_model_len")
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.weights_dir = weights_dir or tempfile.mkdtemp(prefix="grpo-weights-", dir=shm)
+        # a fresh directory of its own (removed by close), under `weights_dir` when given
+        self.weights_dir = tempfile.mkdtemp(prefix="grpo-weights-", dir=weights_dir or shm)
         self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="vllm-request")
 
     def _get(self, path: str, what: str):
