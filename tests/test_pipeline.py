@@ -464,3 +464,30 @@ def test_staleness_counts_the_groups_a_step_kept_only():
     kept = SimpleNamespace(group_ids=torch.tensor([0, 0, 2, 2]),
                            versions=torch.tensor([[3, 3, -1], [3, -1, -1], [2, 2, 2], [2, -1, -1]]))
     assert staleness(kept, 5) == {"pipeline/staleness_mean": 1.5, "pipeline/staleness_max": 2.0}
+
+
+def test_async_steps_with_fsdp2_trainers_samples_what_ddp_trainers_do(tmp_path):
+    """parallel=fsdp with async_steps on 2 processes (an engine client each; forks are refused
+    with FSDP2): every process gathers the whole parameters for each version inside the step, so
+    the clients sample what DDP trainers' clients do (the same rewards), and the updates agree to
+    FSDP2's reduction order."""
+    from test_distributed import torchrun
+    from test_distributed import run as run_cmd
+    (tmp_path / "often_equal.py").write_text(
+        "def has_a(prompts, completions, **columns):\n"
+        "    return [float('a' in c) for c in completions]\n")
+    args = ["model=tiny", "task=addition", "prompts_per_step=4", "group_size=4", "max_new_tokens=6",
+            "steps=3", "sft_steps=0", "eval_every=0", "seed=1", "threads=1", "lr=1e-3", "beta=0.04",
+            "micro_batch_size=4", "rewards=[often_equal:has_a]", "async_steps=1", "rollout_workers=0",
+            "report_to=[]"]
+    for mode in ("fsdp", "ddp"):
+        run_cmd([*torchrun(2), *args, f"parallel={mode}", f"output_dir={tmp_path / mode}"], tmp_path)
+    def rows(name):
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    fsdp, ddp = rows("fsdp"), rows("ddp")
+    assert [r["pipeline/staleness_max"] for r in fsdp] == [0, 1, 1]
+    assert [r["reward/mean"] for r in fsdp] == [r["reward/mean"] for r in ddp]
+    assert sum(r["reward/std"] for r in ddp) > 0                         # it learned something
+    for a, b in zip(fsdp, ddp):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3, abs=1e-5)
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-2, abs=1e-4)
