@@ -194,6 +194,26 @@ def test_a_stuck_worker_times_out_with_the_peer_and_the_transfer_named(tiny_mode
     assert time.time() - started < 20
 
 
+def test_a_stuck_engine_client_times_out_with_the_transfer_named(tiny_model_dir, tmp_path):
+    """rollout_workers=0: the groups come from a thread of the trainer; a reward that never
+    returns there stops the run after transfer_timeout_s, as a stuck worker process does."""
+    import time
+    calls = []
+
+    def slow(prompts, completions, **kw):
+        calls.append(len(completions))
+        if len(calls) > 1:         # the trainer's dry call before training passes; the client's hang
+            time.sleep(30)
+        return [0.0] * len(completions)
+    c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "slow"),
+                      "async_steps": 1, "rollout_workers": 0, "transfer_timeout_s": 2})
+    started = time.time()
+    with pytest.raises(PipelineError, match=r"^the groups of step 1 from the engine client \(grpo's own sampler\): "
+                                        r"nothing arrived within 2 s \(transfer_timeout_s\)"):
+        train(c, reward_fns=[slow], log=lambda line: None)
+    assert time.time() - started < 20
+
+
 def test_a_reward_error_in_a_worker_reaches_the_trainer_as_itself(tiny_model_dir, tmp_path):
     calls = []
 

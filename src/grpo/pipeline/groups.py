@@ -175,9 +175,12 @@ class _Client:
             raise
 
     def part(self, step: int) -> Part | Failed:
+        """Step `step`'s part, waiting at most `timeout_s` (transfer_timeout_s) for it: every
+        version it needs has been sent by the time the trainer asks."""
+        deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                return self.parts.get(timeout=1.0)
+                return self.parts.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             except queue.Empty:
                 if self.thread is None or not self.thread.is_alive():
                     try:
@@ -185,6 +188,11 @@ class _Client:
                     except queue.Empty:
                         raise PipelineError(f"the engine client stopped before sending step "
                                             f"{step}'s groups") from None
+                if time.monotonic() >= deadline:
+                    engine = getattr(self.sampler, "engine", None)
+                    on = engine.name if engine is not None else "grpo's own sampler"
+                    raise PipelineError(f"the groups of step {step} from the engine client ({on}): "
+                                        f"nothing arrived within {self.timeout_s:g} s (transfer_timeout_s)")
 
     def stop(self) -> None:
         with self.ready:
