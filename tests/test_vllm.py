@@ -436,7 +436,9 @@ def test_a_server_killed_mid_run_stops_the_run_with_a_clear_error(engine_model_d
     (line,) = [l for l in stderr.splitlines() if l.startswith("grpo train: error")]
     assert f"the vLLM server at {server.url}" in line, line
     assert "Traceback" not in stderr
-    assert (run_dir / "checkpoints").is_dir()
+    assert (run_dir / "metrics.jsonl").read_text()                    # the steps done are kept
+    if not async_steps:   # (with async_steps a checkpoint after step t also holds step t+1's
+        assert (run_dir / "checkpoints").is_dir()   # groups, which the dead server may not have drawn)
 
 
 def test_grpo_launch_runs_the_readmes_command(tmp_path):
