@@ -20,15 +20,15 @@ import torch
 
 
 def force(lengths: list[int]) -> None:
-    from grpo import sampling
-    original_generate, original_draw, original_keep = (sampling.generate_with_lengths, sampling.draw,
-                                                        sampling._Cache.keep)
+    from grpo.sampling import own
+    original_generate, original_draw, original_keep = (own.generate_with_lengths, own.draw,
+                                                        own._Cache.keep)
 
     def generate(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, **kw):
         n = prompt_ids.shape[0] * kw.get("group_size", 1)
         want = torch.tensor([min(lengths[r % len(lengths)], max_new_tokens) for r in range(n)])
         eos = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
-        ends = sampling.eos_ids(eos_token_id)
+        ends = own.eos_ids(eos_token_id)
         live = {"rows": torch.arange(n), "t": 0}      # original rows still in the batch; the step
 
         def draw(scores, greedy=False, u=None):
@@ -44,13 +44,13 @@ def force(lengths: list[int]) -> None:
             live["rows"] = live["rows"][rows.cpu()]
             original_keep(cache, rows)
 
-        sampling.draw, sampling._Cache.keep = draw, keep
+        own.draw, own._Cache.keep = draw, keep
         try:
             return original_generate(model, prompt_ids, prompt_mask, int(want.max()), eos_token_id,
                                      pad_token_id, **kw)
         finally:
-            sampling.draw, sampling._Cache.keep = original_draw, original_keep
-    sampling.generate_with_lengths = generate      # what the sampler (and generate) calls
+            own.draw, own._Cache.keep = original_draw, original_keep
+    own.generate_with_lengths = generate      # what the sampler (and generate) calls
 
 
 def main() -> None:

@@ -56,15 +56,15 @@ def main() -> None:
         grpo("sft", "model=tiny", "sft_steps=10", f"output_dir={out / 'cold_start'}", *DEMO)
     start_accuracy = json.loads(grpo("eval", f"model={cold}", *DEMO))["eval/accuracy"]
 
-    from grpo import build
+    from grpo import assembly
     from grpo.config import load_config
     from grpo.models import load_tokenizer
     config = load_config(None, [f"model={cold}", *DEMO])
-    rows = build.load_data(config, None).train_rows
+    rows = assembly.load_data(config, None).train_rows
     prompts = out / "largest_prompts.jsonl"
     with open(prompts, "w") as f:
-        for row, text in zip(rows, build.prompt_texts(config, load_tokenizer(str(cold)), rows,
-                                                           build.agent_of(config))):
+        for row, text in zip(rows, assembly.prompt_texts(config, load_tokenizer(str(cold)), rows,
+                                                           assembly.agent_of(config))):
             f.write(json.dumps({"prompt": text, "answer": row["answer"]}) + "\n")
 
     runs = [one_seed(args, out, cold, prompts, seed) for seed in args.seeds]

@@ -28,7 +28,7 @@ import time
 import torch
 
 import grpo.sampling.episodes as episodes
-import grpo.sampling as sampling
+import grpo.sampling.own as own
 from grpo.models import build_tiny
 from grpo.sampling import HFSampler
 from grpo.agents.tools import resolve_tools
@@ -59,7 +59,7 @@ def main() -> None:
     total = args.turns * args.turn + (args.turns - 1) * observation   # the last turn gets no answer
 
     no_eos = torch.tensor([-1])
-    sampling.eos_ids = episodes.eos_ids = lambda *a, **k: no_eos.to(a[1] if len(a) > 1 else None)
+    own.eos_ids = episodes.eos_ids = lambda *a, **k: no_eos.to(a[1] if len(a) > 1 else None)
     draw, position = episodes.draw, [0]
 
     def scripted(scores, greedy, u):

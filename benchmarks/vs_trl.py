@@ -110,13 +110,13 @@ def make_ragged(path: Path, max_new: int, prompts: Path) -> None:
 
 
 def write_prompts(path: Path, model_dir: Path) -> Path:
-    from grpo import build
+    from grpo import assembly
     from grpo.config import load_config
     from grpo.models import load_tokenizer
     config = load_config(None, [f"model={model_dir}", "task=addition"])
-    data = build.load_data(config, None)
+    data = assembly.load_data(config, None)
     rows = data.train_rows[:2048]
-    texts = build.prompt_texts(config, load_tokenizer(str(model_dir)), rows, build.agent_of(config))
+    texts = assembly.prompt_texts(config, load_tokenizer(str(model_dir)), rows, assembly.agent_of(config))
     with open(path, "w") as f:
         for row, text in zip(rows, texts):
             f.write(json.dumps({"prompt": text, "answer": row["answer"]}) + "\n")

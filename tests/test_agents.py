@@ -10,7 +10,7 @@ import torch
 
 from grpo.agents.environments import GuessNumber, Step
 from grpo.sampling.episodes import EpisodeLimits, sample_episodes
-from grpo.algorithm.loss import AGGREGATIONS, policy_loss
+from grpo.algorithm.loss import AGGREGATIONS, LossSettings, policy_loss
 from grpo.models import build_tiny, load_policy, load_tokenizer, token_logprobs
 from grpo.agents.tools import (Call, ToolError, calculator, make_tool, parse_hermes, parse_plain,
                                resolve_tools, run_call)
@@ -69,7 +69,7 @@ def test_a_tool_that_cannot_become_a_schema_is_refused_naming_the_parameter(fn, 
 
 def test_refused_at_start_through_the_config(tmp_path, monkeypatch):
     import sys
-    from grpo.build import ConfigError, load_data
+    from grpo.assembly import ConfigError, load_data
     from grpo.config import build_config
     (tmp_path / "mytools.py").write_text("def bad(x):\n    '''Doc.'''\n    return x\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -302,11 +302,11 @@ def test_the_loss_sees_policy_tokens_only():
         a = logp.clone().requires_grad_()
         b = compact(logp).clone().requires_grad_()
         loss_a, _ = policy_loss(a, old, ref, adv, mask, AGGREGATIONS[aggregation](mask, 6),
-                                loss_type="clip", beta=0.04, kl_estimator="k3")
+                                LossSettings(loss_type="clip", beta=0.04, kl_estimator="k3"))
         ones = torch.ones(2, 3, dtype=torch.long)
         loss_b, _ = policy_loss(b, compact(old), compact(ref), adv, ones,
                                 AGGREGATIONS[aggregation](ones, 6 if aggregation == "constant" else 3),
-                                loss_type="clip", beta=0.04, kl_estimator="k3")
+                                LossSettings(loss_type="clip", beta=0.04, kl_estimator="k3"))
         loss_a.backward()
         loss_b.backward()
         assert loss_a.item() == pytest.approx(loss_b.item(), abs=1e-7), aggregation
@@ -316,7 +316,7 @@ def test_the_loss_sees_policy_tokens_only():
     # -(1/2) * (A_0 * 3/3 + A_1 * 3/3) = -(1.5 - 0.5) / 2 = -0.5
     same = logp.detach().clone().requires_grad_()
     loss, _ = policy_loss(same, logp.detach(), None, adv, mask, AGGREGATIONS["sequence_mean"](mask, 6),
-                          loss_type="clip", beta=0.0, kl_estimator="k3")
+                          LossSettings(loss_type="clip", beta=0.0, kl_estimator="k3"))
     assert loss.item() == pytest.approx(-0.5, abs=1e-7)
 
 
@@ -663,7 +663,7 @@ def test_tools_and_an_environment_given_from_python(agent_model_dir, tmp_path):
 
 
 def test_the_overlong_penalty_counts_the_episodes_tokens_against_episode_tokens():
-    from grpo.build import Agent, Data
+    from grpo.assembly import Agent, Data
     from grpo.config import build_config
     from grpo.rollout import Rollout
     from grpo.pipeline.inline import score_rollout

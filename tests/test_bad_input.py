@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from grpo.build import ConfigError
+from grpo.assembly import ConfigError
 from grpo.config import build_config
 from grpo.data import DataError
 from grpo.models import load_tokenizer

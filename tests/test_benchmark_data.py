@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.build import load_data
+from grpo.assembly import load_data
 from grpo.config import build_config
 from grpo.data import DataError, format_prompt, load_rows
 from grpo.models import build_tiny_tokenizer

@@ -160,7 +160,7 @@ def test_a_dataset_turns_the_demo_cold_start_off_unless_it_is_set():
 
 
 def test_a_preset_name_given_as_a_loss_type_names_the_preset():
-    from grpo.build import check_choices
+    from grpo.assembly import check_choices
     with pytest.raises(ConfigError, match=r"config key 'loss_type': unknown choice 'dr_grpo'; choose one "
                                           r"of .* \('dr_grpo' is a preset here: algorithm=dr_grpo"):
         check_choices(build_config({"loss_type": "dr_grpo"}))
@@ -168,7 +168,7 @@ def test_a_preset_name_given_as_a_loss_type_names_the_preset():
 
 def test_the_demo_lr_on_a_large_model_is_noted_at_start():
     import torch
-    from grpo.build import check_lr
+    from grpo.assembly import check_lr
 
     class Big:   # 30M parameters that take no memory
         def parameters(self):
@@ -292,7 +292,7 @@ def test_a_duplicate_yaml_key_is_an_error_naming_both_lines(tmp_path):
 def test_the_kl_cov_preset_sets_the_second_update_its_term_needs():
     # |log pi_theta - log pi_old| is 0 at a batch's first update: with one update per batch the
     # preset would be the plain policy gradient (and said so at start)
-    from grpo.build import check_selection
+    from grpo.assembly import check_selection
     c = build_config({"algorithm": "kl_cov"})
     assert c.optim.num_iterations == 2
     notes = []

@@ -1,4 +1,4 @@
-"""Off-policy corrections (loss.CORRECTIONS): each against numbers derived by hand, in float64.
+"""Off-policy corrections (corrections.CORRECTIONS): each against numbers derived by hand, in float64.
 
 Three rows of log rho = log pi_old - log pi_behaviour, cap C = 2 (so the band is [0.5, 2]):
     row 0: rho = 0.6, 1.5, 4.0          product 3.6,  geometric mean 3.6^(1/3) = 1.533
@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from grpo.algorithm.loss import CORRECTIONS, policy_loss
+from grpo.algorithm.corrections import CORRECTIONS
+from grpo.algorithm.loss import LossSettings, policy_loss
 
 RHO = [[0.6, 1.5, 4.0, 1.0], [0.4, 3.0, 1.0, 1.0], [0.1, 0.2, 1.0, 1.0]]
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
@@ -62,7 +63,7 @@ def test_the_decoupled_objective_weighs_the_clipped_term_by_pi_prox_over_pi_beha
     for name, cap, expected in (("is", 2.0, -1.5), ("tis", 1.1, -1.32)):
         w = CORRECTIONS[name](prox - behaviour, mask, cap)
         loss, _ = policy_loss(logp, prox, None, torch.ones(1, dtype=torch.float64), mask, agg,
-                              is_weights=w, eps_low=0.2, eps_high=0.2)
+                              LossSettings(eps_low=0.2, eps_high=0.2), is_weights=w)
         assert loss.item() == pytest.approx(expected, rel=1e-12)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.build import load_data
+from grpo.assembly import load_data
 from grpo.config import build_config
 from grpo.data import DataError, load_rows
 

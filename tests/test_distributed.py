@@ -297,7 +297,7 @@ def test_processes_that_do_not_share_output_dir_stop_in_one_line(tiny_model_dir,
 
 
 def test_a_process_that_does_not_see_the_tiny_model_is_named():
-    from grpo.build import unseen_model
+    from grpo.assembly import unseen_model
     assert unseen_model([("/runs/a/base_model", True), ("/runs/a/base_model", True)]) is None
     assert unseen_model([("/a/base_model", True), ("/b/base_model", True), ("/c/base_model", False)]) \
         == ("config key 'model': process 2 does not see /c/base_model, where process 0 built the "

@@ -9,7 +9,7 @@ from grpo.algorithm.advantages import ADVANTAGES
 from grpo.commands.cli import main
 from grpo.config import build_config
 from grpo.commands.explain import explain_group, render
-from grpo.algorithm.loss import AGGREGATIONS, policy_loss
+from grpo.algorithm.loss import AGGREGATIONS, LossSettings, policy_loss
 
 SHAPED = '''
 def distinct(prompts, completions, **columns):
@@ -59,8 +59,8 @@ def test_each_update_is_the_loss_function_of_the_shown_tokens(result):
     assert len(result["iterations"]) == 3
     for it in result["iterations"]:
         logp = padded([p["logprobs"] for p in it["completions"]], T)
-        loss, stats = policy_loss(logp, old, ref, adv, mask, weights, beta=result["beta"],
-                                  eps_low=result["epsilon"], eps_high=result["epsilon_high"])
+        loss, stats = policy_loss(logp, old, ref, adv, mask, weights, LossSettings(
+            beta=result["beta"], eps_low=result["epsilon"], eps_high=result["epsilon_high"]))
         assert it["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-7)
         ratio = padded([p["ratio"] for p in it["completions"]], T, 1.0)
         torch.testing.assert_close(ratio, torch.exp(logp - old) * mask + (1 - mask), rtol=1e-5, atol=1e-6)

@@ -203,7 +203,7 @@ def test_the_training_penalty_marks_prompt_tokens_and_those_drawn_before_each_po
 def test_the_chunked_penalized_log_probs_and_gradients_are_those_of_plain_autograd(monkeypatch):
     from grpo import models
     from grpo.models import Penalty, selected_logprobs
-    monkeypatch.setattr(models, "LOGIT_CHUNK_ELEMENTS", 3 * 40)   # 3 positions per chunk, 4 chunks
+    monkeypatch.setattr(models.logprobs, "LOGIT_CHUNK_ELEMENTS", 3 * 40)   # 3 positions per chunk, 4 chunks
     gen = torch.Generator().manual_seed(0)
     completion = torch.randint(0, 40, (2, 6), generator=gen)
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])

@@ -18,7 +18,7 @@ def test_selected_logprobs_match_full_softmax_in_value_and_gradient(monkeypatch)
     head = torch.nn.Linear(H, V, bias=True).double()
     hidden = torch.randn(M, H, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, V, (M,))
-    monkeypatch.setattr(models, "LOGIT_CHUNK_ELEMENTS", 3 * V)  # 3 rows per chunk: 3 chunks
+    monkeypatch.setattr(models.logprobs, "LOGIT_CHUNK_ELEMENTS", 3 * V)  # 3 rows per chunk: 3 chunks
     logp, entropy = selected_logprobs(hidden, head, targets, temperature=0.7)
     want_logp, want_entropy = naive(hidden, head, targets, 0.7)
     torch.testing.assert_close(logp.double(), want_logp, rtol=1e-6, atol=1e-6)
@@ -130,18 +130,18 @@ def test_draw_follows_the_distribution_and_never_picks_a_zero_probability_token(
 def test_generate_with_a_group_size_equals_repeating_each_prompt(tiny, monkeypatch):
     # Prompts are prefilled once per group (the lean path copies the cache; Hugging Face's path
     # repeats the rows): the same draws must give the same tokens and log-probs either way.
-    from grpo import sampling
+    from grpo.sampling import own
     policy, tok = tiny
     enc = tok(["abc", "hello wor"], return_tensors="pt", padding=True, add_special_tokens=False)
     uniforms = torch.rand(6, 10, generator=torch.Generator().manual_seed(0))
-    repeated = sampling.generate(policy.eval(), enc.input_ids.repeat_interleave(3, 0),
-                                 enc.attention_mask.repeat_interleave(3, 0), 10, tok.eos_token_id,
-                                 tok.pad_token_id, uniforms=uniforms)
+    repeated = own.generate(policy.eval(), enc.input_ids.repeat_interleave(3, 0),
+                            enc.attention_mask.repeat_interleave(3, 0), 10, tok.eos_token_id,
+                            tok.pad_token_id, uniforms=uniforms)
     for lean in (True, False):
-        monkeypatch.setattr(sampling.decoder, "supports", lambda model: lean)
-        tokens, logp = sampling.generate(policy, enc.input_ids, enc.attention_mask, 10,
-                                         tok.eos_token_id, tok.pad_token_id, uniforms=uniforms,
-                                         group_size=3)
+        monkeypatch.setattr(own.decoder, "supports", lambda model: lean)
+        tokens, logp = own.generate(policy, enc.input_ids, enc.attention_mask, 10,
+                                    tok.eos_token_id, tok.pad_token_id, uniforms=uniforms,
+                                    group_size=3)
         assert torch.equal(tokens, repeated[0])
         torch.testing.assert_close(logp, repeated[1], rtol=1e-5, atol=1e-6)
     assert len(set(map(tuple, repeated[0].tolist()))) > 2, "the draws should differ within a group"
@@ -172,7 +172,7 @@ def test_top_p_logprobs_match_the_truncated_softmax_in_value_and_gradient(monkey
     M, H, V = 7, 5, 11
     head = torch.nn.Linear(H, V, bias=True).double()
     hidden = torch.randn(M, H, dtype=torch.float64, requires_grad=True)
-    monkeypatch.setattr(models, "LOGIT_CHUNK_ELEMENTS", 4 * 3 * V)  # 3 rows a chunk with top_p
+    monkeypatch.setattr(models.logprobs, "LOGIT_CHUNK_ELEMENTS", 4 * 3 * V)  # 3 rows a chunk with top_p
     with torch.no_grad():
         scaled = head(hidden) / 0.7
         keep = models.nucleus_(scaled.clone(), 0.8).isfinite()
@@ -199,15 +199,15 @@ def test_the_trainer_scores_what_a_top_p_sampler_drew(tiny):
     assert r.top_p == 0.9 and r.temperature == 0.7
     for lean in (True, False):      # the chunked head, and the full-logits path
         if not lean:
-            real = models._head_is_plain
-            models._head_is_plain = lambda m: False
+            real = models.logprobs._head_is_plain
+            models.logprobs._head_is_plain = lambda m: False
         try:
             logp, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
                                      temperature=r.temperature, top_p=r.top_p,
                                      completion_mask=r.completion_mask)
         finally:
             if not lean:
-                models._head_is_plain = real
+                models.logprobs._head_is_plain = real
         assert (logp - r.sampler_logprobs).abs().max().item() < 1e-4, lean
     untruncated, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
                                     temperature=r.temperature, completion_mask=r.completion_mask)
@@ -219,7 +219,7 @@ def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir, monkey
     forward, each with and without checkpointing: the same log-probs and gradients, while the
     checkpointed pass does recompute each layer in its backward (counted)."""
     import torch.utils.checkpoint as ckpt
-    from grpo.build import set_checkpointing
+    from grpo.assembly import set_checkpointing
     from grpo.models import load_policy
     calls = []
     real = ckpt.checkpoint
@@ -235,7 +235,7 @@ def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir, monkey
         if path == "padded rows":          # distinct prompts: the plain padded forward
             ids[:, 0] = torch.arange(1, 5)
         if path == "hugging face":
-            monkeypatch.setattr(models, "_head_is_plain", lambda m: False)
+            monkeypatch.setattr(models.logprobs, "_head_is_plain", lambda m: False)
         results = []
         for on in (False, True):
             set_checkpointing(model, on)

@@ -60,7 +60,7 @@ def test_no_training_pass_holds_a_tokens_by_tokens_tensor(long_model, checkpoint
     _, policy = long_model
     # the chunked head holds a fixed number of logits whatever the length (2^24); made small
     # here so that a chunk is far shorter than the completions and the check sees the rule
-    monkeypatch.setattr(models, "LOGIT_CHUNK_ELEMENTS", 1 << 16)
+    monkeypatch.setattr(models.logprobs, "LOGIT_CHUNK_ELEMENTS", 1 << 16)
     T = 1024
     ids, mask, completion_mask = rows(T)
     monkeypatch.setattr(policy, "grpo_checkpointing", checkpointing, raising=False)
@@ -165,12 +165,12 @@ def test_forced_lengths_end_each_row_at_its_length_while_sampling(long_model, mo
     before it), so the sampler drops ended rows from its batch as it does for a real policy."""
     import importlib.util
     from grpo.models import decoder
-    from grpo import sampling
+    from grpo.sampling import own
     spec = importlib.util.spec_from_file_location("forced_lengths", ROOT / "benchmarks" / "forced_lengths.py")
     forced = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(forced)
     # force() replaces the sampler's generate_with_lengths for good: undone after the test
-    monkeypatch.setattr(sampling, "generate_with_lengths", sampling.generate_with_lengths)
+    monkeypatch.setattr(own, "generate_with_lengths", own.generate_with_lengths)
     kept = []
     real_keep = decoder.Decoder.keep
     monkeypatch.setattr(decoder.Decoder, "keep", staticmethod(
@@ -180,7 +180,7 @@ def test_forced_lengths_end_each_row_at_its_length_while_sampling(long_model, mo
     forced.force(lengths)
     prompt = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
     eos = 7
-    tokens, logp = sampling.generate(policy.eval(), prompt, (prompt != 0).long(), 64, eos, 0, group_size=2)
+    tokens, logp = own.generate(policy.eval(), prompt, (prompt != 0).long(), 64, eos, 0, group_size=2)
     assert tokens.shape == (4, 30)
     for r, n in enumerate(lengths):
         assert tokens[r, n - 1] == eos and not (tokens[r, :n - 1] == eos).any()

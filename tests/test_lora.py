@@ -29,7 +29,7 @@ def lora_config(model_dir, out, **extra):
 
 def test_lora_trains_the_adapter_only_and_saves_adapter_and_merged_model(tiny_model_dir, tmp_path,
                                                                        monkeypatch):
-    import grpo.assemble as assemble_module
+    import grpo.assembly.learner as assemble_module
     monkeypatch.setattr(assemble_module, "frozen_copy", lambda m: pytest.fail("LoRA made a reference copy"))
     out = tmp_path / "run"
     result = train(lora_config(tiny_model_dir, out, lora_merge=True, beta=0.04),
@@ -65,7 +65,7 @@ def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
 
 
 def test_lora_errors_name_the_key(tiny_model_dir, tmp_path):
-    from grpo.build import ConfigError
+    from grpo.assembly import ConfigError
     with pytest.raises(ConfigError, match="'lora_target_modules'.*no layers named \\['wq'\\]"):
         train(lora_config(tiny_model_dir, tmp_path, lora_target_modules=["wq"]), log=lambda s: None,
               write_files=False)
@@ -174,7 +174,7 @@ def grpo_command(*args, cwd=None):
 
 def test_a_lora_runs_final_adapter_is_evaluated_and_trained_further_without_merging(
         tiny_model_dir, tmp_path):
-    from grpo.build import load_model_and_tokenizer
+    from grpo.assembly import load_model_and_tokenizer
     from grpo.models import load_policy, token_logprobs
     out = tmp_path / "run"
     result = train(lora_config(tiny_model_dir, out, beta=0.04), reward_fns=[distinct],

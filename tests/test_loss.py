@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from grpo.algorithm.loss import AGGREGATIONS, clipped_surrogate_loss, k3_kl, sequence_mean_weights
+from grpo.algorithm.loss import AGGREGATIONS, LossSettings, clipped_surrogate_loss, k3_kl, sequence_mean_weights
 
 LN2 = math.log(2.0)
 E = math.e
@@ -42,7 +42,7 @@ def one_token(log_ratio, advantage, eps_low=0.2, eps_high=0.2):
     old = torch.tensor([[-log_ratio]])  # ratio = exp(logp - old) = exp(log_ratio)
     loss, stats = clipped_surrogate_loss(
         logp, old, None, torch.tensor([advantage]), torch.ones(1, 1), torch.ones(1, 1),
-        beta=0.0, eps_low=eps_low, eps_high=eps_high)
+        LossSettings(beta=0.0, eps_low=eps_low, eps_high=eps_high))
     loss.backward()
     return loss.item(), logp.grad.item(), stats
 
@@ -154,7 +154,7 @@ def test_full_example_loss_stats_and_gradient():
     logp, old, ref, adv, mask = full_example()
     weights = sequence_mean_weights(mask)  # row 0: [1/2, 0, 0]; row 1: [1/4, 1/4, 0]
     loss, stats = clipped_surrogate_loss(logp, old, ref, adv, mask, weights,
-                                         beta=0.1, eps_low=0.2, eps_high=0.2)
+                                         LossSettings(beta=0.1, eps_low=0.2, eps_high=0.2))
     # term(0,0) = 1.1*1 - 0.1*0.3068528                          =  1.0693147 (inside the range)
     # term(1,0) = min(e*-0.5, 1.2*-0.5) - 0.1*0 = -1.3591409          (unclipped, A < 0)
     # term(1,1) = min(0.5*-0.5, 0.8*-0.5) - 0.1*0.1931472 = -0.4 - 0.0193147 = -0.4193147 (clipped)
@@ -180,7 +180,7 @@ def test_beta_zero_ignores_kl_in_the_loss_but_reports_it():
     logp, old, ref, adv, mask = full_example()
     weights = sequence_mean_weights(mask)
     loss, stats = clipped_surrogate_loss(logp, old, ref, adv, mask, weights,
-                                         beta=0.0, eps_low=0.2, eps_high=0.2)
+                                         LossSettings(beta=0.0, eps_low=0.2, eps_high=0.2))
     # objective = 1/2 * 1.1 + 1/4 * (-1.3591409 - 0.4) = 0.55 - 0.4397852 = 0.1102148
     assert loss.item() == pytest.approx(-0.1102148, abs=1e-6)
     assert stats["kl"].item() == pytest.approx(0.5, abs=1e-6)
@@ -191,9 +191,9 @@ def test_split_rows_sum_to_whole_batch_loss():
     logp, old, ref, adv, mask = full_example()
     weights = sequence_mean_weights(mask)
     kw = dict(beta=0.1, eps_low=0.2, eps_high=0.2)
-    whole, _ = clipped_surrogate_loss(logp, old, ref, adv, mask, weights, **kw)
+    whole, _ = clipped_surrogate_loss(logp, old, ref, adv, mask, weights, LossSettings(**kw))
     parts = [clipped_surrogate_loss(logp[i:i + 1], old[i:i + 1], ref[i:i + 1], adv[i:i + 1],
-                                    mask[i:i + 1], weights[i:i + 1], **kw)[0] for i in range(2)]
+                                    mask[i:i + 1], weights[i:i + 1], LossSettings(**kw))[0] for i in range(2)]
     # row 0: -1/2 * 1.0693147 = -0.5346574; row 1: -1/4 * -1.7784556 = 0.4446139
     assert parts[0].item() == pytest.approx(-0.5346574, abs=1e-6)
     assert parts[1].item() == pytest.approx(0.4446139, abs=1e-6)
@@ -256,7 +256,7 @@ def test_gradient_matches_naive_reference_float64():
     loss, _ = clipped_surrogate_loss(
         lp, torch.tensor(old, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
         torch.tensor(adv, dtype=torch.float64), mask, weights,
-        beta=beta, eps_low=eps_low, eps_high=eps_high)
+        LossSettings(beta=beta, eps_low=eps_low, eps_high=eps_high))
     loss.backward()
     assert loss.item() == pytest.approx(expected_loss, rel=1e-12)
     torch.testing.assert_close(lp.grad, torch.tensor(expected_grad, dtype=torch.float64),

@@ -427,7 +427,7 @@ def test_boxes_tags_and_hashes_are_read_as_before():
 
 
 def test_a_gold_that_cannot_be_parsed_stops_the_load_naming_the_row(tmp_path):
-    from grpo.build import load_data
+    from grpo.assembly import load_data
     from grpo.config import build_config
     from grpo.data import DataError
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo import build
+from grpo import assembly
 from grpo.config import ConfigError, build_config
 from grpo.data import PromptStream
 from grpo.pipeline import PipelineError, split_threads, version_for
@@ -63,7 +63,7 @@ def test_the_schedule_names_the_version_each_step_trains_on():
 
 def test_async_steps_0_is_the_synchronous_loop(tiny_model_dir, tmp_path, monkeypatch):
     default = run(tmp_path, "default", tiny_model_dir, steps=3)
-    import grpo.assemble as loop
+    import grpo.assembly.groups as loop
     monkeypatch.setattr(loop, "Groups", lambda *a, **k: pytest.fail("async_steps=0 started a pipeline"))
     zero = run(tmp_path, "zero", tiny_model_dir, steps=3, async_steps=0)
     assert exact(zero.history) == exact(default.history)
@@ -107,8 +107,8 @@ def test_the_groups_of_step_t_are_those_a_synchronous_sampler_draws_with_the_wei
         tiny_model_dir, tmp_path):
     run(tmp_path, "async", tiny_model_dir, async_steps=1, save_every=1, keep_last=10)
     c = build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path / "x")})
-    data = build.load_data(c, [varied], log=lambda line: None)
-    policy, tokenizer = build.load_model_and_tokenizer(c, None, lambda line: None)
+    data = assembly.load_data(c, [varied], log=lambda line: None)
+    policy, tokenizer = assembly.load_model_and_tokenizer(c, None, lambda line: None)
     checkpoints = tmp_path / "async" / "checkpoints"
     for t in (3, 4, 5):
         # weights after step t-2; the data position before step t (a k=1 checkpoint after step
@@ -433,7 +433,7 @@ def test_an_async_checkpoint_resumed_without_async_steps_is_refused(tiny_model_d
 
 def test_forked_workers_on_a_gpu_model_are_refused_and_an_engine_client_is_not():
     from types import SimpleNamespace
-    from grpo.assemble import check_pipeline
+    from grpo.assembly import check_pipeline
     on_gpu = SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)]))
     with pytest.raises(ConfigError, match=r"^config key 'rollout_workers': the rollout workers are "
                                           r"forks.*set rollout_workers=0"):

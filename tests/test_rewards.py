@@ -180,7 +180,7 @@ def test_unscorable_must_be_any_or_all():
 
 
 def test_unscorable_reaches_the_rollouts_rewards_from_the_config():
-    from grpo.build import Data
+    from grpo.assembly import Data
     from grpo.config import build_config
     from grpo.rollout import Rollout
     from grpo.pipeline.inline import score_rollout

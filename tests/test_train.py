@@ -98,7 +98,7 @@ def test_same_seed_same_numbers(tmp_path):
 
 
 def test_beta_zero_loads_no_reference(tmp_path, monkeypatch):
-    import grpo.assemble as assemble_module
+    import grpo.assembly.learner as assemble_module
     calls = []
     monkeypatch.setattr(assemble_module, "frozen_copy", lambda m: calls.append(m))
     c = build_config({"steps": 1, "sft_steps": 0, "beta": 0.0, "eval_every": 0,
@@ -142,7 +142,7 @@ def test_the_zeros_a_reward_counts_by_cause_are_logged_each_step(tmp_path):
 def test_held_out_scorings_counts_are_no_steps_and_each_step_counts_its_own(tmp_path, monkeypatch):
     """Evaluation (before step 1, and after each step) scores in a scope of its own: a step's
     `reward/<fn>/zero/<cause>` counts that step's completions alone."""
-    from grpo import build
+    import grpo.assembly.data as assembly_data
     from grpo.rewards import faults
 
     def strict(prompts, completions, **columns):
@@ -153,7 +153,7 @@ def test_held_out_scorings_counts_are_no_steps_and_each_step_counts_its_own(tmp_
         faults.count("held_out", "counted", len(completions))
         return [0.0] * len(completions)
 
-    monkeypatch.setattr(build, "choose_accuracy", lambda *a, **k: (held_out, "held_out"))
+    monkeypatch.setattr(assembly_data, "choose_accuracy", lambda *a, **k: (held_out, "held_out"))
     c = build_config({"sft_steps": 0, "steps": 2, "eval_every": 1, "eval_size": 4,
                       "prompts_per_step": 2, "group_size": 3, "output_dir": str(tmp_path / "r"),
                       "report_to": []})
@@ -189,16 +189,16 @@ def test_reference_resets_each_outer_iteration(tmp_path):
 
 
 def test_cold_start_from_prompt_completion_pairs(tmp_path):
-    from grpo.build import Data
+    from grpo.assembly import Data
     from grpo.models import load_policy, load_tokenizer, build_tiny
     from grpo.sampling import HFSampler
-    from grpo.assemble import cold_start
+    from grpo.assembly import cold_start
 
     f = tmp_path / "pairs.jsonl"
     f.write_text("\n".join(json.dumps({"prompt": f"say {c}:", "completion": c * 3}) for c in "abcd"))
     c = build_config({"dataset": str(f), "sft_steps": 60, "sft_batch_size": 4, "sft_lr": 3e-3,
                       "output_dir": str(tmp_path)})
-    from grpo.build import load_data
+    from grpo.assembly import load_data
     data = load_data(c, check_golds_now=False)   # a cold-start file: no gold answers
     # (the row, context after its prompt that is not imitated, completion)
     assert sorted((row["prompt"], context, target) for row, context, target in data.demonstrations) == [

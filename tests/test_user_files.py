@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from grpo.build import ConfigError, load_data
+from grpo.assembly import ConfigError, load_data
 from grpo.commands.cli import main
 from grpo.config import build_config, load_config
 from grpo.train import train

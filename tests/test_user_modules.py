@@ -8,11 +8,14 @@ import sys
 
 import pytest
 
-from grpo.build import ConfigError, agent_of, load_data, prompt_texts
+from grpo.assembly import ConfigError, agent_of, load_data, prompt_texts
 from grpo.config import build_config
 from grpo.sampling.episodes import EpisodeLimits, start_episode
 from grpo.models import build_tiny_tokenizer
-from grpo.agents.tools import Call, resolve_tools, run_call
+from grpo.agents.tools import Call, ToolError, resolve_tools, run_call
+from grpo.agents.environments import EnvironmentError_, environment_factory
+from grpo.rewards import REWARDS, RewardError, get_reward
+from grpo.sandbox.pool import DeadlinePool
 
 MYTOOLS = '''
 import datetime
@@ -283,3 +286,128 @@ def test_explain_shows_the_environments_tools_in_the_prompt(user_dir, tiny_model
     out = capsys.readouterr().out
     prompt = " ".join(out[out.index("Prompt"):].split())     # the console wraps long lines
     assert "'<tools>weekday(date) put(key, value)</tools>\\n" in prompt
+
+
+# ---- A file given by its path: `file.py:object` (sandbox/usercode.py) --------------------------
+
+MYREWARDS = '''
+import os
+
+
+def brevity(prompts, completions, **columns):
+    return [1.0 / (1 + len(c)) for c in completions]
+
+
+def where(prompts, completions, **columns):
+    return [float(os.getpid()) for c in completions]
+
+
+NOT_A_FUNCTION = 3
+'''
+
+NAMED = '''
+def module_name() -> str:
+    """The name of this file's module in the process that runs the tool."""
+    return __name__
+'''
+
+
+@pytest.fixture
+def file_dir(user_dir):
+    """user_dir, with mytools.py, kvenv.py and myrewards.py; the modules of files read by their
+    paths, and their tools' worker processes, gone afterwards."""
+    from grpo.agents import tools
+    (user_dir / "myrewards.py").write_text(MYREWARDS)
+    yield user_dir
+    for target in [t for t in tools._POOLS if t.startswith("user_file_")]:
+        tools._POOLS.pop(target)[0].close()
+    for name in [m for m in sys.modules if m.startswith("user_file_")]:
+        del sys.modules[name]
+
+
+def test_a_reward_tool_and_environment_from_a_file_of_the_working_directory(file_dir):
+    assert get_reward("myrewards.py:brevity")(["p"], ["abc"]) == [0.25]
+    tools = resolve_tools(["mytools.py:weekday"])
+    assert tools["weekday"].runs == "process"            # a module-level function: in a worker
+    assert run_call(Call("weekday", {"date": "2024-05-01"}), tools, 30.0).text == "Wednesday"
+    make_env = environment_factory("kvenv.py:KVStore")
+    assert make_env.__name__ == "KVStore"
+    episode = start_episode({"prompt": "p"}, make_env, {}, EpisodeLimits())
+    assert sorted(episode.tools) == ["put"]                  # not reset, step or _helper
+    assert run_call(Call("put", {"key": "a", "value": 3}), episode.tools, 5.0).text == "a=3"
+    assert episode.env.store == {"a": 3}
+
+
+def test_files_in_a_directory_by_their_paths_import_their_neighbours(file_dir):
+    parts = file_dir / "agent" / "parts"
+    parts.mkdir(parents=True)
+    (parts / "scale.py").write_text("FACTOR = 2.0\n")
+    (parts / "rewards.py").write_text("from scale import FACTOR\n\n\n"
+                                      "def doubled(prompts, completions, **columns):\n"
+                                      "    return [FACTOR * len(c) for c in completions]\n")
+    (parts / "tools.py").write_text(MYTOOLS + NAMED)
+    (parts / "env.py").write_text(KVENV)
+    assert get_reward("agent/parts/rewards.py:doubled")(["p"], ["ab"]) == [4.0]
+    tools = resolve_tools(["agent/parts/tools.py:weekday", "agent/parts/tools.py:whereabouts",
+                           "agent/parts/tools.py:module_name"])
+    assert run_call(Call("weekday", {"date": "2024-05-04"}), tools, 30.0).text == "Saturday"
+    pid, cwd = run_call(Call("whereabouts", {}), tools, 30.0).text.split(" ", 1)
+    assert int(pid) != os.getpid() and cwd == str(file_dir)   # another process, the user's directory
+    # the worker reads the file under the name it has here: what one pickles, the other unpickles
+    assert run_call(Call("module_name", {}), tools, 30.0).text == tools["module_name"].fn.__module__
+    make_env = environment_factory(f"{parts / 'env.py'}:KVStore")     # an absolute path too
+    assert make_env().reset({}) is None
+
+
+def test_a_reward_from_a_file_runs_in_a_deadline_pools_worker_by_its_target(file_dir):
+    fn = get_reward("myrewards.py:where")
+    pool = DeadlinePool(fn, workers=1, deadline_s=60.0)
+    try:
+        assert pool.target == f"{os.path.realpath(file_dir / 'myrewards.py')}:where"
+        [(kind, value)] = pool.run([((["p"], ["c"]), {})])
+    finally:
+        pool.close()
+    assert kind == "ok" and len(value) == 1 and value != [float(os.getpid())]
+
+
+LOOKUPS = {"reward function": (get_reward, RewardError),
+           "tool": (lambda name: resolve_tools([name]), ToolError),
+           "environment": (environment_factory, EnvironmentError_)}
+
+
+@pytest.mark.parametrize("what, name, message", [
+    ("reward function", "brevity",
+     f"unknown reward function 'brevity'; built-ins are {sorted(REWARDS)}, or give your own as "
+     "module:function"),
+    ("tool", "weekday",
+     "unknown tool 'weekday'; built-ins are ['calculator', 'python'], or give your own as "
+     "module:function"),
+    ("environment", "KVStore",
+     "unknown environment 'KVStore'; built-ins are ['guess_number'], or give your own as "
+     "module:Class"),
+    ("reward function", "nofile.py:brevity",
+     "reward function 'nofile.py:brevity': cannot read file 'nofile.py': no such file (looked "
+     "for {dir}/nofile.py)"),
+    ("tool", "agent/nofile.py:weekday",
+     "tool 'agent/nofile.py:weekday': cannot read file 'agent/nofile.py': no such file (looked "
+     "for {dir}/agent/nofile.py)"),
+    ("environment", "nofile.py:KVStore",
+     "environment 'nofile.py:KVStore': cannot read file 'nofile.py': no such file (looked for "
+     "{dir}/nofile.py)"),
+    ("reward function", "myrewards.py:brevty",
+     "reward function 'myrewards.py:brevty': file 'myrewards.py' has no function 'brevty' (did "
+     "you mean 'brevity'?); it was read from {dir}/myrewards.py"),
+    ("environment", "kvenv.py:KVstore",
+     "environment 'kvenv.py:KVstore': file 'kvenv.py' has no class or function 'KVstore' (did "
+     "you mean 'KVStore'?); it was read from {dir}/kvenv.py"),
+    ("reward function", "myrewards.py:NOT_A_FUNCTION",
+     "reward function 'myrewards.py:NOT_A_FUNCTION' is not a function (its type is int)"),
+    ("tool", "broken.py:f",
+     "tool 'broken.py:f': cannot import file 'broken.py' (SyntaxError: "),
+])
+def test_an_unknown_name_or_a_missing_file_is_one_error_naming_it(file_dir, what, name, message):
+    (file_dir / "broken.py").write_text("def f(:\n")
+    lookup, error = LOOKUPS[what]
+    with pytest.raises(error) as raised:
+        lookup(name)
+    assert str(raised.value).startswith(message.format(dir=os.path.realpath(file_dir)))

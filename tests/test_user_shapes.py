@@ -50,7 +50,7 @@ def test_a_reward_may_return_a_numpy_array_or_a_tensor_as_trl_accepts():
 def _demonstrations(tmp_path, rows):
     import json
 
-    from grpo.build import load_data
+    from grpo.assembly import load_data
     from grpo.config import build_config
     f = tmp_path / "demos.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))

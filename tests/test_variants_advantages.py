@@ -348,13 +348,13 @@ def test_reinforce_pp_baseline_loss_value_and_gradient_by_hand_float64():
     # sequence_mean weights 1/2:
     #   -loss = 1/2 [(1.5 - .1 * .5 * .25) + (-.5 - .1 * .5 * .04)] = 1/2 (1.4875 - .502) = .49275
     #   d loss / d logp_t = -1/2 (A_t - beta * d_t) = [-1/2 (1.5 - .05), -1/2 (-.5 + .02)] = [-.725, .24]
-    from grpo.algorithm.loss import policy_loss, sequence_mean_weights
+    from grpo.algorithm.loss import LossSettings, policy_loss, sequence_mean_weights
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.8]], dtype=torch.float64)
     mask = torch.ones(1, 2)
     loss, _ = policy_loss(logp, logp.detach(), ref, torch.tensor([[1.5, -0.5]], dtype=torch.float64),
-                          mask, sequence_mean_weights(mask).double(), loss_type="clip", beta=0.1,
-                          kl_estimator="k2", eps_low=0.2, eps_high=0.2)
+                          mask, sequence_mean_weights(mask).double(), LossSettings(loss_type="clip", beta=0.1,
+                          kl_estimator="k2", eps_low=0.2, eps_high=0.2))
     assert loss.item() == pytest.approx(-0.49275, rel=1e-12)
     loss.backward()
     assert logp.grad.tolist() == [pytest.approx([-0.725, 0.24], rel=1e-12)]

@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from grpo.config import ALGORITHMS, build_config
-from grpo.algorithm.loss import LossSettings, kl_penalized_rewards, truncated_importance_weights
+from grpo.algorithm.corrections import truncated_importance_weights
+from grpo.algorithm.loss import LossSettings, kl_penalized_rewards
 from grpo.models import update_reference
 from grpo.algorithm.shaping import overlong_penalty
 from grpo.train import train

@@ -86,8 +86,8 @@ def test_dual_clip_counts_in_clip_high_stat():
     logp = torch.zeros(5, 1, requires_grad=True)
     old = -torch.tensor([[2.0], [2.0], [LN2], [-1.0], [2.0]])
     loss, stats = policy_loss(logp, old, None, torch.tensor([-1.0, 1.0, -1.0, -1.0, -0.5]),
-                              torch.ones(5, 1), torch.ones(5, 1), loss_type="dual_clip",
-                              eps_low=0.2, eps_high=0.2, clip_c=3.0)
+                              torch.ones(5, 1), torch.ones(5, 1), LossSettings(loss_type="dual_clip",
+                              eps_low=0.2, eps_high=0.2, clip_c=3.0))
     assert loss.item() == pytest.approx(6.1, rel=1e-6)
     assert stats["clip_high"].item() == 3.0
     assert stats["clip_low"].item() == 1.0
@@ -137,8 +137,8 @@ def test_gspo_loss_gradient_and_stats_with_sequence_mean_weights():
     #   = -(1/4)(0.6632025) = -0.1658006
     w = torch.tensor([[0.125, 0.125, 0.0], [0.125, 0.125, 0.0], [0.25, 0.0, 0.0], [1 / 12] * 3],
                      dtype=torch.float64)
-    loss, stats = policy_loss(logp, old, None, adv, mask, w, loss_type="gspo", eps_low=0.2,
-                              eps_high=0.2)
+    loss, stats = policy_loss(logp, old, None, adv, mask, w, LossSettings(loss_type="gspo", eps_low=0.2,
+                              eps_high=0.2))
     s0, s2 = math.exp(0.3), math.exp(-0.5)
     assert loss.item() == pytest.approx(-(1.2 - s0 + 2 * s2 - 0.4) / 4, rel=1e-14)
     assert loss.item() == pytest.approx(-0.1658006, abs=1e-7)
@@ -176,8 +176,8 @@ def test_gspo_token_with_per_token_advantages_hand_values_float64():
     adv = torch.tensor([[2.0, 2.0, -1.0], [1.0, -0.5, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     w = torch.tensor([[1 / 6] * 3, [0.25, 0.25, 0.0]], dtype=torch.float64)
-    loss, stats = policy_loss(logp, old, None, adv, mask, w, loss_type="gspo", eps_low=0.2,
-                              eps_high=0.2)
+    loss, stats = policy_loss(logp, old, None, adv, mask, w, LossSettings(loss_type="gspo", eps_low=0.2,
+                              eps_high=0.2))
     s0, s1 = math.exp(0.1), math.exp(0.6)
     assert loss.item() == pytest.approx(-(s0 * 3 / 6 + (1.2 - 0.5 * s1) / 4), rel=1e-14)
     assert loss.item() == pytest.approx(-0.6248206, abs=1e-7)
@@ -197,8 +197,8 @@ def test_gspo_token_with_constant_per_token_advantages_is_gspo():
     results = []
     for a in (adv, adv.unsqueeze(-1).expand(-1, 3)):
         x = logp.detach().clone().requires_grad_()
-        loss, stats = policy_loss(x, old, None, a, mask, w, loss_type="gspo", eps_low=0.2,
-                                  eps_high=0.2)
+        loss, stats = policy_loss(x, old, None, a, mask, w, LossSettings(loss_type="gspo", eps_low=0.2,
+                                  eps_high=0.2))
         loss.backward()
         results.append((loss.item(), x.grad, stats["clip_high"].item(), stats["clip_low"].item()))
     (l1, g1, h1, lo1), (l2, g2, h2, lo2) = results
@@ -219,7 +219,7 @@ def cispo_case(loss_type):
     old = logp.detach() - torch.tensor([CISPO_LOG_RATIO], dtype=torch.float64).T
     loss, stats = policy_loss(logp, old, None, torch.tensor(CISPO_ADV, dtype=torch.float64),
                               torch.ones(4, 1), torch.ones(4, 1, dtype=torch.float64),
-                              loss_type=loss_type, eps_low=0.2, eps_high=0.28)
+                              LossSettings(loss_type=loss_type, eps_low=0.2, eps_high=0.28))
     loss.backward()
     return loss.item(), logp.grad[:, 0].tolist(), stats
 
@@ -285,8 +285,8 @@ def test_policy_loss_uses_the_chosen_kl_estimator(name, expected):
     # loss = beta * KL; stats["kl"] = KL
     logp = torch.tensor([[-1.0]], dtype=torch.float64)
     loss, stats = policy_loss(logp, logp, logp - LN2, torch.tensor([0.0], dtype=torch.float64),
-                              torch.ones(1, 1), torch.ones(1, 1, dtype=torch.float64), beta=0.1,
-                              kl_estimator=name)
+                              torch.ones(1, 1), torch.ones(1, 1, dtype=torch.float64),
+                              LossSettings(beta=0.1, kl_estimator=name))
     assert loss.item() == pytest.approx(0.1 * expected, rel=1e-14)
     assert stats["kl"].item() == pytest.approx(expected, rel=1e-14)
 
@@ -322,7 +322,7 @@ def test_is_weights_multiply_the_surrogate_not_the_kl():
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
     ref = logp.detach() - torch.tensor([[LN2, -LN2]], dtype=torch.float64)
     loss, _ = policy_loss(logp, logp.detach(), ref, torch.tensor([1.0], dtype=torch.float64),
-                          torch.ones(1, 2), torch.full((1, 2), 0.5, dtype=torch.float64), beta=0.1,
+                          torch.ones(1, 2), torch.full((1, 2), 0.5, dtype=torch.float64), LossSettings(beta=0.1),
                           is_weights=torch.tensor([[0.5, 2.0]], dtype=torch.float64))
     loss.backward()
     assert loss.item() == pytest.approx(-1.225, rel=1e-14)
@@ -485,9 +485,9 @@ def test_gradient_matches_naive_reference_float64(loss_type, kl_name):
     f64 = dict(dtype=torch.float64)
     selected = torch.tensor([[naive_selected(i, t) for t in range(T_NAIVE)] for i in range(N_ROWS)])
     loss, _ = policy_loss(lp, torch.tensor(old, **f64), torch.tensor(ref, **f64),
-                          torch.tensor(ADV, **f64), mask, weights, loss_type=loss_type, beta=BETA, kl_estimator=kl_name,
-                          eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=CLIP_C, selected=selected,
-                          kl_cov_coef=KL_COV_COEF)
+                          torch.tensor(ADV, **f64), mask, weights, LossSettings(loss_type=loss_type, beta=BETA,
+                          kl_estimator=kl_name, eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=CLIP_C,
+                          kl_cov_coef=KL_COV_COEF), selected=selected)
     loss.backward()
     assert loss.dtype == torch.float64
     assert loss.item() == pytest.approx(expected_loss, rel=1e-12)
@@ -507,7 +507,7 @@ def test_k3_on_padding_with_very_negative_logp_does_not_poison_the_loss():
     ref = torch.tensor([[-1.0, 0.0]])
     mask = torch.tensor([[1, 0]])
     loss, stats = policy_loss(logp, old, ref, torch.tensor([1.0]), mask, torch.tensor([[1.0, 0.0]]),
-                              beta=0.04, kl_estimator="k3")
+                              LossSettings(beta=0.04, kl_estimator="k3"))
     loss.backward()
     assert loss.item() == -1.0
     assert logp.grad.tolist() == [[-1.0, 0.0]]
@@ -672,7 +672,7 @@ def test_gmpo_geometric_mean_clipped_in_log_space_by_hand_float64():
     assert sur.clipped_low.tolist() == [[False, False], [True, False]]
     mask = torch.ones(2, 2)
     loss, _ = policy_loss(logp, old, None, adv.squeeze(-1), mask, sequence_mean_weights(mask).double(),
-                          loss_type="gmpo", eps_low=0.4, eps_high=0.4)
+                          LossSettings(loss_type="gmpo", eps_low=0.4, eps_high=0.4))
     assert loss.item() == pytest.approx(-(math.exp(0.25) - math.exp(-0.1)) / 2, rel=1e-12)
     loss.backward()
     # -loss = (J_1 + J_2) / 2 (sequence_mean: each token weighs 1 / (|o| N) and carries its J)
@@ -852,7 +852,7 @@ def test_covariance_selection_leaves_out_environment_tokens_and_unscorable_rows(
     (["algorithm=grpo"], False),
 ])
 def test_a_share_that_cannot_select_a_token_is_noted_at_start(keys, noted):
-    from grpo.build import check_selection
+    from grpo.assembly import check_selection
     from grpo.config import load_config
     lines: list[str] = []
     check_selection(load_config(overrides=keys), lines.append)
@@ -862,7 +862,7 @@ def test_a_share_that_cannot_select_a_token_is_noted_at_start(keys, noted):
 
 
 def test_kl_cov_with_one_update_per_batch_is_noted_at_start():
-    from grpo.build import check_selection
+    from grpo.assembly import check_selection
     from grpo.config import load_config
     lines: list[str] = []
     check_selection(load_config(overrides=["algorithm=kl_cov", "num_iterations=1"]), lines.append)

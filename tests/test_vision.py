@@ -194,7 +194,7 @@ def test_frozen_tower_is_shared_with_the_reference_and_lora_skips_it():
     ref = frozen_copy(model)
     assert vision.tower_of(ref) is vision.tower_of(model)
     assert ref.lm_head is not model.lm_head
-    from grpo.build import add_lora
+    from grpo.assembly import add_lora
     config = load_config(overrides=["lora_r=4"])
     wrapped = add_lora(model, config)
     adapted = {n for n, p in wrapped.named_parameters() if p.requires_grad}

@@ -1,7 +1,7 @@
 """Held-out evaluation, as papers and leaderboards report it.
 
 With `eval_samples=1` (the default) each prompt gets one greedy completion and `eval/accuracy` is
-the mean of the accuracy reward (build.choose_accuracy: the first of `eval_rewards` when set; in a
+the mean of the accuracy reward (assembly.choose_accuracy: the first of `eval_rewards` when set; in a
 run on an environment's reward alone, the environment's episode reward), and each of
 `eval_rewards` has its mean as `eval/reward/NAME/mean`. `eval/n` counts the prompts scored and
 `eval/rows` those the held-out data holds less the prompts `long_prompts=skip` left out as too
@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from grpo import build
+from grpo import assembly, inputs
 from grpo.config import TrainConfig, build_config, load_yaml, parse_overrides
 from grpo.data import columns_of
 from grpo.algorithm.passk import binary_scores, summarize
@@ -60,7 +60,7 @@ def sampling_at(sampler: Sampler, temperature: float, seed: int, device):
                 setattr(sampler, k, v)
 
 
-def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: build.Data, record, step: int,
+def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data, record, step: int,
              on_batch: Callable[[int, float], None] | None = None,
              rows_file: str | Path | None = None,
              log: Callable[[str], None] | None = None) -> float:
@@ -80,7 +80,7 @@ def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: build.Data, reco
             faults.counting():
         for start in range(0, len(data.eval_rows), per_call):
             rows = data.eval_rows[start:start + per_call]
-            rollout = sampler.sample(build.prompt_texts(c, tokenizer, rows, data.agent), n, greedy=n == 1,
+            rollout = sampler.sample(inputs.prompt_texts(c, tokenizer, rows, data.agent), n, greedy=n == 1,
                                      rows=rows)
             columns = columns_of(rows, n)
             if by_environment:
@@ -114,7 +114,7 @@ def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: build.Data, reco
     if log is not None and any(k > 1 for k in c.eval.eval_k) and not binary_scores(results):
         graded = next(v for r in results for v in r["scores"] if v not in (None, 0.0, 1.0))
         log(f"pass@k and maj@k left out (eval_k={list(c.eval.eval_k)}): eval/accuracy's reward, "
-            f"{build.accuracy_text(data)}, gave scores other than 0 and 1 (such as {graded:g}), "
+            f"{inputs.accuracy_text(data)}, gave scores other than 0 and 1 (such as {graded:g}), "
             "and they count a completion right only when its score is 1; pass@1 is its mean")
     for name, values in per_fn.items():
         if values:   # every completion unscorable: counted in eval/unscorable, no mean to log
@@ -162,7 +162,7 @@ def eval_setup(path: str | None, overrides: list[str],
                log: Callable[[str], None] = to_stderr) -> EvalSetup:
     """`grpo eval [CONFIG.yaml] [key=value ...]`. A run named as CONFIG (its directory or its
     config.yaml) or as model= (its directory, final/ or a checkpoint) is evaluated with its
-    trained weights (a run directory: build.run_weights) and the keys it was trained with; keys
+    trained weights (a run directory: assembly.run_weights) and the keys it was trained with; keys
     in the user's own config file, then on the command line, win over the run's. Anything else
     is the config as every command reads it."""
     on_line = parse_overrides(overrides)
@@ -175,14 +175,14 @@ def eval_setup(path: str | None, overrides: list[str],
     settings = as_config or evaluated
     if settings is None:
         return EvalSetup(build_config(given), None, frozenset(given))
-    saved = build.run_settings(settings[0], log)
+    saved = assembly.run_settings(settings[0], log)
     for key in NOT_EVALUATION_SETTINGS:
         saved.pop(key, None)
     if HELD_OUT_DATA & set(given):    # held-out rows named here: evaluated whole unless cut here
         saved.pop("eval_size", None)
     values = {**saved, **given}
     if evaluated is not None:
-        values["model"] = str(evaluated[1] or build.run_weights(evaluated[0], log))
+        values["model"] = str(evaluated[1] or assembly.run_weights(evaluated[0], log))
     mine = ", ".join(sorted(given)) or "none"
     log(f"evaluating {values['model']} with the keys run {settings[0]} was trained with (its "
         f"config.yaml); keys given here win: {mine}")
@@ -191,18 +191,18 @@ def eval_setup(path: str | None, overrides: list[str],
 
 def run_weights_named(thing: str) -> tuple[Path, Path | None] | None:
     """(run directory, weights) when `thing` is a run's directory (weights None: the run's own,
-    build.run_weights), its config.yaml, its final/ or final/merged, or one of its checkpoints
+    assembly.run_weights), its config.yaml, its final/ or final/merged, or one of its checkpoints
     (or the checkpoint's config.yaml); None for anything else."""
     path = Path(thing).expanduser()
     if path.name == "config.yaml" and path.is_file():
         path = path.parent
-    if build.run_dir_of(path) is not None:
+    if assembly.run_dir_of(path) is not None:
         return path, None
     merged = path.name == "merged" and path.parent.name == "final"
     for run, inside in ((path.parent, path.name == "final"),
                         (path.parent.parent, path.parent.name == "checkpoints"),
                         (path.parent.parent, merged)):
-        if inside and path.is_dir() and build.run_dir_of(run) is not None:
+        if inside and path.is_dir() and assembly.run_dir_of(run) is not None:
             return run, path
     return None
 

@@ -32,9 +32,9 @@ import torch
 
 from grpo.algorithm.advantages import (ADVANTAGES, TOKEN_RETURNS, batch_token_normalized,
                                        process_supervision, token_returns)
-from grpo.algorithm.loss import (AGGREGATIONS, COVARIANCE_LOSSES, CORRECTIONS, LossSettings,
-                                 clip_cov_tokens, kl_cov_tokens, kl_penalized_rewards, token_covariance,
-                                 token_kl)
+from grpo.algorithm.corrections import CORRECTIONS
+from grpo.algorithm.loss import (COVARIANCE_LOSSES, LossSettings, aggregation_weights, clip_cov_tokens,
+                                 kl_cov_tokens, kl_penalized_rewards, token_covariance, token_kl)
 from grpo.config import TrainConfig
 from grpo.config.plan import Plan
 from grpo.rollout import Rollout
@@ -312,11 +312,9 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
     The observer sees each update's batch before it and its numbers after it."""
     world = learner.world
     sharded = distributed.is_sharded(learner.policy)
-    weights = None
-    if world.size > 1:  # the aggregation's normalizers count every process's tokens
-        everyone = distributed.gather_rows(rollout.tokens_in_loss, world)
-        weights = AGGREGATIONS[c.loss.aggregation](everyone, c.sampling.max_new_tokens)
-        weights = weights[world.rows(len(everyone)), :rollout.completion_ids.shape[1]]
+    everyone = distributed.gather_rows(rollout.tokens_in_loss, world)   # every process's tokens count
+    weights = aggregation_weights(c.loss.aggregation, everyone, c.sampling.max_new_tokens,
+                                  world.rows(len(everyone)), rollout.completion_ids.shape[1])
     updates = []
     settings = loss_settings(c)   # one record for the step's updates
     for iteration in range(c.optim.num_iterations):
@@ -326,8 +324,7 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
             observer.before_update(iteration, rollout, chosen)
         stats = accumulate_gradients(
             learner.policy, rollout, weights=weights,
-            reduce=lambda totals: distributed.sum_values(totals, world), aggregation=c.loss.aggregation,
-            max_tokens=c.sampling.max_new_tokens, is_weights=is_weights,
+            reduce=lambda totals: distributed.sum_values(totals, world), is_weights=is_weights,
             selected=chosen, settings=settings,
             micro_batch_size=c.optim.micro_batch_size, micro_batch_tokens=c.optim.micro_batch_tokens,
             passes=(lambda n: distributed.max_over(n, world)) if sharded else None)

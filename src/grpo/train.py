@@ -9,7 +9,7 @@
 
 The variants (Dr. GRPO, DAPO, GSPO, CISPO, RLOO) change which table entry steps 3 and 4 use and
 switch on the extras in the step's stages (dynamic sampling, overlong shaping, KL in the reward,
-truncated importance sampling); docs/algorithms.md lists them. `assemble.py` puts the run together
+truncated importance sampling); docs/algorithms.md lists them. `assembly/` puts the run together
 (data, model, cold start, resume, learner, group source); this module runs the loop on it, with
 evaluation and checkpoints, and writes the final model.
 """
@@ -25,8 +25,8 @@ from typing import Callable
 
 import torch
 
-from grpo import build
-from grpo.assemble import Run, assemble, start_groups
+from grpo import assembly
+from grpo.assembly import Finished, Run, assemble
 from grpo.config import TrainConfig, to_yaml
 from grpo.data import first_line
 from grpo.evaluate import evaluate, progress as eval_progress
@@ -78,14 +78,14 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
 
 def _train(config: TrainConfig, **given) -> RunResult:
     """`train`, with output_dir's lock held: Algorithm 1 on the assembled run."""
-    run = assemble(config, **given)
-    if run.finished:
+    run = assemble(config, **given)   # with async_steps, the rollout workers are forked in it
+    if isinstance(run, Finished):
         return finished_run(run.config, run.checkpoint, run.log)
     c, learner, log = run.config, run.learner, run.log
-    write_run_files(run)
-    start_groups(run)   # async_steps: rollout workers forked now, before any thread starts
-    tracker = (RunTracker(run.run_dir, purge_step=run.kept + 1, report_to=c.run.report_to,
-                          config=c.flat()) if run.write_files else NullTracker())
+    with closing_on_error(NullTracker(), run.groups):   # the workers stop if the files cannot be written
+        write_run_files(run)
+        tracker = (RunTracker(run.run_dir, purge_step=run.kept + 1, report_to=c.run.report_to,
+                              config=c.flat()) if run.write_files else NullTracker())
     history: list[dict] = []
 
     def record(metrics: dict, step: int) -> None:
@@ -125,7 +125,7 @@ def write_run_files(run: Run) -> None:
     """config.yaml, and the records of a resumed run cut back to its checkpoint's step."""
     if run.write_files:
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / "config.yaml").write_text(build.rewards_comment(run.data) + to_yaml(run.config))
+        (run.run_dir / "config.yaml").write_text(assembly.rewards_comment(run.data) + to_yaml(run.config))
         resume.cut_run_files(run.run_dir, run.kept)
 
 

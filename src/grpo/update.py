@@ -7,15 +7,13 @@ and gradient exactly (up to float summation order).
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import math
 from typing import Callable
 
 import torch
 
 from grpo.models import heap
-from grpo.algorithm.loss import AGGREGATIONS, LossSettings, policy_loss
+from grpo.algorithm.loss import LossSettings, aggregation_weights, policy_loss
 from grpo.models import token_logprobs
 from grpo.rollout import Rollout
 
@@ -118,12 +116,13 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                          weights: torch.Tensor | None = None, reduce=None,
                          passes: Callable[[int], int] | None = None,
                          selected: torch.Tensor | None = None,
-                         settings: LossSettings = LossSettings()) -> dict[str, float]:
+                         settings: LossSettings) -> dict[str, float]:
     """Backward the whole step's loss in micro-batches; return the loss and token-mean diagnostics.
 
     `settings` (a LossSettings record: step.loss_settings) go to `loss.policy_loss`; `selected`
-    [N, T] are clip_cov's or kl_cov's tokens of the batch (`step.covariance_selection`). The aggregation weights see the
-    whole step's mask, so micro-batching changes nothing.
+    [N, T] are clip_cov's or kl_cov's tokens of the batch (`step.covariance_selection`); `weights`
+    the `aggregation_weights` over the whole step's mask (step.update_policy; else made here from
+    `aggregation` and this rollout's mask), so micro-batching changes nothing.
     Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
     rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
 
@@ -131,13 +130,13 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     when there is no KL term (beta = 0) and no token of theirs is `selected`. The diagnostics then
     cover the rows that were updated.
 
-    With several processes, `weights` come from the whole batch's mask (`distributed`), and
+    With several processes, `weights` span every process's mask (`distributed`), and
     `reduce` sums the loss and the diagnostics' numerators and token counts over processes.
     With sharded parameters (FSDP2) every process must run as many forward/backward passes as
     the others: `passes(n)` returns that number and the extra ones contribute zero.
     """
     if weights is None:
-        weights = AGGREGATIONS[aggregation](rollout.tokens_in_loss, max_tokens)  # [N, T], once per step
+        weights = aggregation_weights(aggregation, rollout.tokens_in_loss, max_tokens)  # [N, T]
     totals = dict.fromkeys(["loss", "tokens", "clip_low", "clip_high", "kl", "ratio", "entropy"], 0.0)
     needed = rollout
     if not settings.beta:
@@ -166,10 +165,9 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                                        completion_mask=part.completion_mask, visuals=part.visuals)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
-                                  part.tokens_in_loss, weights[rows][:, :T].to(device),
+                                  part.tokens_in_loss, weights[rows][:, :T].to(device), settings,
                                   is_weights=None if is_weights is None else is_weights[rows][:, :T].to(device),
-                                  selected=None if selected is None else selected[rows][:, :T].to(device),
-                                  **asdict(settings))
+                                  selected=None if selected is None else selected[rows][:, :T].to(device))
         loss.backward()
         totals["loss"] += loss.item()
         for key, value in stats.items():

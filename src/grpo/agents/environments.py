@@ -21,7 +21,7 @@ their results, a turn without ends the episode.
 Environments are user code: `reset` and `step` run with a deadline; an error or an overrun in
 `step` is shown to the model as the observation and counted, one in `reset` stops with an error
 that names the row. The module that `module:Class` names is found in the working directory first,
-as a reward's is (sandbox/pool.find).
+as a reward's is, and so is the file `file.py:Class` names (sandbox/usercode.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from grpo.agents.tools import Tool, ToolError, make_tool
 from grpo.rewards import faults
+from grpo.sandbox.usercode import target_of, user_object
 
 
 class EnvironmentError_(RuntimeError):
@@ -89,11 +90,13 @@ def public_methods(env) -> dict[str, Callable]:
 
 
 def label(make_env: Callable) -> str:
-    """`module:Class` of a factory, as a config names it (a built-in by its own name)."""
+    """`module:Class` (or `path.py:Class`) of a factory, as a config names it (a built-in by its
+    own name)."""
     for name, factory in ENVIRONMENTS.items():
         if factory is make_env:
             return name
-    return f"{getattr(make_env, '__module__', '?')}:{getattr(make_env, '__qualname__', make_env)}"
+    return target_of(getattr(make_env, "__module__", "?"),
+                     getattr(make_env, "__qualname__", make_env))
 
 
 def method_tools(env, where: str = "") -> dict[str, Tool]:
@@ -166,20 +169,10 @@ ENVIRONMENTS: dict[str, Callable[[], Any]] = {"guess_number": GuessNumber}
 
 def environment_factory(name: str) -> Callable[[], Any] | None:
     """A zero-argument factory: a built-in name, or `module:ClassOrFunction` (the module found in
-    the working directory first); empty -> None."""
-    from grpo.sandbox.pool import find
+    the working directory first) or `file.py:ClassOrFunction` (sandbox/usercode.py); empty ->
+    None."""
     if not name:
         return None
-    if name in ENVIRONMENTS:
-        return ENVIRONMENTS[name]
-    if ":" in name:
-        try:
-            factory = find(name, "class or function")
-        except ImportError as e:
-            raise EnvironmentError_(f"environment '{name}': {e}") from None
-        if not callable(factory):
-            raise EnvironmentError_(f"environment '{name}' is not a class or a function that makes "
-                                    f"one (its type is {type(factory).__name__})")
-        return factory
-    raise EnvironmentError_(f"unknown environment '{name}'; built-ins are {sorted(ENVIRONMENTS)}, "
-                            "or give your own as module:Class")
+    return user_object(name, ENVIRONMENTS, what="environment", error=EnvironmentError_,
+                       kind="class or function", form="module:Class",
+                       not_callable="a class or a function that makes one")

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from grpo.rewards import faults
 from grpo.rewards.answers import tagged
+from grpo.sandbox.usercode import user_object
 
 
 class ToolError(ValueError):
@@ -472,25 +473,16 @@ BUILTIN_TOOLS: dict[str, Callable[[], Callable]] = {
 
 def resolve_tools(specs: list) -> dict[str, Tool]:
     """Tools by name: built-ins, `module:function` (the module found in the working directory
-    first, as a reward's is: sandbox/pool.find), or callables (from Python)."""
-    from grpo.sandbox.pool import find
+    first, as a reward's is) or `file.py:function` (sandbox/usercode.py), or callables (from
+    Python)."""
     tools: dict[str, Tool] = {}
     for spec in specs:
         if callable(spec):
             tool = make_tool(spec)
-        elif spec in BUILTIN_TOOLS:
+        elif spec in BUILTIN_TOOLS:        # a built-in is made by its factory, and keeps its name
             tool = make_tool(BUILTIN_TOOLS[spec](), spec)
-        elif isinstance(spec, str) and ":" in spec:
-            try:
-                fn = find(spec)
-            except ImportError as e:
-                raise ToolError(f"tool '{spec}': {e}") from None
-            if not callable(fn):
-                raise ToolError(f"tool '{spec}' is not a function (its type is {type(fn).__name__})")
-            tool = make_tool(fn)
         else:
-            raise ToolError(f"unknown tool '{spec}'; built-ins are {sorted(BUILTIN_TOOLS)}, or give "
-                            "your own as module:function")
+            tool = make_tool(user_object(spec, BUILTIN_TOOLS, what="tool", error=ToolError))
         if tool.name in tools:
             raise ToolError(f"two tools are named '{tool.name}'")
         tools[tool.name] = tool

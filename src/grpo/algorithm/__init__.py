@@ -4,6 +4,7 @@ one table entry and one test.
 
     advantages   rewards -> advantages (GRPO's group z-score, Dr. GRPO, RLOO, ...), group selection
     loss         the clipped surrogate and its family, KL estimators, aggregations
+    corrections  off-policy corrections: weights on each token's surrogate (TIS, IcePop, ...)
     shaping      reward shaping (DAPO's overlong penalty)
     passk        pass@k and maj@k estimators
 """

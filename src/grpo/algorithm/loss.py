@@ -10,7 +10,10 @@ It is built from three tables, one entry per published variant:
 - KL_ESTIMATORS: k1, k2, k3 (Schulman, "Approximating KL divergence", 2020).
 - AGGREGATIONS: how token terms become one number; a function of the *whole optimizer step's*
   completion mask returning one weight per token. Weights are computed before the step is split into
-  micro-batches, so the micro-batch losses sum to the whole-step loss and so do their gradients.
+  micro-batches (`aggregation_weights`, once per step), so the micro-batch losses sum to the
+  whole-step loss and so do their gradients.
+
+The off-policy corrections (CORRECTIONS, the `is_weights` of `policy_loss`) are in corrections.py.
 
 Shapes: n rows of this micro-batch, T completion tokens. `mask` is 1 on real completion tokens.
 """
@@ -318,7 +321,16 @@ AGGREGATIONS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "sequence_sum": sequence_sum_weights,
 }
 
-# ----------------------------------------------------------------------------- corrections
+
+def aggregation_weights(aggregation: str, mask: torch.Tensor, max_tokens: int,
+                        rows: slice | None = None, width: int | None = None) -> torch.Tensor:
+    """The per-token weights of one optimizer step: AGGREGATIONS[aggregation] over the whole step's
+    `mask` [N, T] (with several processes, every process's rows, gathered), then the `rows` and
+    the first `width` tokens of this process's part, where given."""
+    weights = AGGREGATIONS[aggregation](mask, max_tokens)
+    return weights if rows is None else weights[rows, :width]
+
+# ----------------------------------------------------------------------------- KL per token
 
 def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
              estimator: str = "k1") -> torch.Tensor:
@@ -334,92 +346,6 @@ def kl_penalized_rewards(rewards: torch.Tensor, logp: torch.Tensor, ref_logp: to
     return rewards - beta * token_kl(logp, ref_logp, mask, estimator).sum(-1)
 
 
-def truncated_importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor,
-                                 mask: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings
-    you off-policy RL training"): min(pi_old / pi_sampler, cap) per token, 0 on padding. [N, T]."""
-    return tis_weights(old_logp - sampler_logp, mask, cap)
-
-
-# Off-policy corrections: the policy that sampled a token (pi_behaviour: the sampler, or with
-# async_steps a rollout worker's older weights) is not the one the update starts from (pi_old, or
-# pi_prox in AReaL's decoupled objective). Each maps log rho = log pi_old - log pi_behaviour [N, T]
-# and the completion mask to a weight on every token's surrogate [N, T]: 0 masks a token (and
-# padding); `cap` is the method's threshold C > 1 and `low` its lower threshold below 1 (verl's
-# rollout_rs_threshold_lower), 0 for the method's own. Ratios are compared in log space, so a
-# sequence's product of ratios cannot overflow before it is masked.
-
-def _masked(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    m = mask.bool()
-    return log_ratio.masked_fill(~m, 0.0), m
-
-
-def _log_low(cap: float, low: float, two_sided: bool) -> float:
-    """log of the lower threshold: `low` where set, else 1/C for a two-sided band, else none."""
-    if low > 0:
-        return math.log(low)
-    return -math.log(cap) if two_sided else -math.inf
-
-
-def plain_is_weights(log_ratio, mask, cap, low=0.0):
-    """The importance weight itself, rho (AReaL's decoupled PPO, arXiv:2505.24298, eq. 5)."""
-    lr, m = _masked(log_ratio, mask)
-    return torch.exp(lr).masked_fill(~m, 0.0)
-
-
-def tis_weights(log_ratio, mask, cap, low=0.0):
-    """Token TIS: min(rho, C)."""
-    lr, m = _masked(log_ratio, mask)
-    return torch.exp(lr).clamp(max=cap).masked_fill(~m, 0.0)
-
-
-def token_mis_weights(log_ratio, mask, cap, low=0.0):
-    """Token masked importance sampling: rho where low <= rho <= C, else 0 (the token leaves the
-    loss); no lower bound unless `low` is set."""
-    lr, m = _masked(log_ratio, mask)
-    keep = m & (lr <= math.log(cap)) & (lr >= _log_low(cap, low, two_sided=False))
-    return torch.exp(lr.masked_fill(~keep, 0.0)).masked_fill(~keep, 0.0)
-
-
-def seq_mis_weights(log_ratio, mask, cap, low=0.0):
-    """Sequence masked importance sampling: the sequence's ratio prod_t rho_t on each of its
-    tokens where low <= it <= C; a sequence outside leaves the loss whole. No lower bound unless
-    `low` is set."""
-    lr, m = _masked(log_ratio, mask)
-    log_seq = lr.sum(-1, keepdim=True)                       # [N, 1]
-    inside = (log_seq <= math.log(cap)) & (log_seq >= _log_low(cap, low, two_sided=False))
-    return torch.exp(log_seq.masked_fill(~inside, 0.0)).expand_as(lr).masked_fill(~(inside & m), 0.0)
-
-
-def icepop_weights(log_ratio, mask, cap, low=0.0):
-    """IcePop (Ling team, Ring-1T, arXiv:2510.18855): rho where low <= rho <= C (low = 1/C unless
-    set), else 0: tokens on which the two policies disagree too much either way take no gradient."""
-    lr, m = _masked(log_ratio, mask)
-    keep = m & (lr <= math.log(cap)) & (lr >= _log_low(cap, low, two_sided=True))
-    return torch.exp(lr.masked_fill(~keep, 0.0)).masked_fill(~keep, 0.0)
-
-
-def geo_mask_weights(log_ratio, mask, cap, low=0.0):
-    """Geometric-mean sequence rejection (verl's Geo-RS): a sequence whose per-token geometric-mean
-    ratio exp(mean_t log rho_t) lies outside [low, C] (low = 1/C unless set) is masked whole; the
-    others keep weight 1."""
-    lr, m = _masked(log_ratio, mask)
-    n = m.sum(-1, keepdim=True).clamp(min=1)
-    log_mean = lr.sum(-1, keepdim=True) / n
-    keep = (log_mean <= math.log(cap)) & (log_mean >= _log_low(cap, low, two_sided=True)) & m
-    return keep.to(log_ratio.dtype)
-
-
-CORRECTIONS = {
-    "is": plain_is_weights,
-    "tis": tis_weights,
-    "token_mis": token_mis_weights,
-    "seq_mis": seq_mis_weights,
-    "icepop": icepop_weights,
-    "geo_mask": geo_mask_weights,
-}
-
-
 # ----------------------------------------------------------------------------- the loss
 
 
@@ -429,34 +355,23 @@ def policy_loss(
     ref_logp: torch.Tensor | None,   # [n, T] pi_ref, or None when there is no KL term
     advantages: torch.Tensor,        # [n] outcome advantages, or [n, T] per token
     mask: torch.Tensor,              # [n, T]
-    weights: torch.Tensor,           # [n, T] from an aggregation over the whole optimizer step
+    weights: torch.Tensor,           # [n, T] aggregation_weights over the whole optimizer step
+    settings: LossSettings,
     *,
-    loss_type: str = "clip",
-    beta: float = 0.0,
-    kl_estimator: str = "k3",
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    clip_c: float = 3.0,
-    is_weights: torch.Tensor | None = None,  # [n, T] truncated importance weights sampler -> trainer
-    tau_pos: float = 1.0,            # sapo's gate temperatures
-    tau_neg: float = 1.05,
-    selected: torch.Tensor | None = None,  # [n, T] bool: clip_cov's / kl_cov's tokens of the batch
-    kl_cov_coef: float = 1.0,
+    is_weights: torch.Tensor | None = None,  # [n, T] an off-policy correction's weights (corrections.py)
+    selected: torch.Tensor | None = None,    # [n, T] bool: clip_cov's / kl_cov's tokens of the batch
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-(sum over tokens of weights * (surrogate * is_weights - beta * KL)); and diagnostic sums
     (a variant's own as NAME and NAME#n: the sum over its tokens and how many they are)."""
     m = mask.float()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # every token of o_i gets A_i
-    settings = LossSettings(loss_type=loss_type, beta=beta, kl_estimator=kl_estimator, eps_low=eps_low,
-                            eps_high=eps_high, clip_c=clip_c, tau_pos=tau_pos, tau_neg=tau_neg,
-                            kl_cov_coef=kl_cov_coef)
     sur = surrogate(logp, old_logp, adv, mask, settings, selected)
     objective = sur.objective if is_weights is None else sur.objective * is_weights
     kl = None
     if ref_logp is not None:  # padding gets logp = ref, so exp() in k3 cannot overflow there
-        kl = KL_ESTIMATORS[kl_estimator](torch.where(m.bool(), logp, ref_logp), ref_logp)
-    if kl is not None and beta:
-        objective = objective - beta * kl
+        kl = KL_ESTIMATORS[settings.kl_estimator](torch.where(m.bool(), logp, ref_logp), ref_logp)
+    if kl is not None and settings.beta:
+        objective = objective - settings.beta * kl
     loss = -(objective * weights * m).sum()
     with torch.no_grad():
         stats = {
@@ -472,11 +387,10 @@ def policy_loss(
     return loss, stats
 
 
-def clipped_surrogate_loss(logp, old_logp, ref_logp, advantages, completion_mask, weights, *,
-                           beta: float, eps_low: float, eps_high: float):
-    """GRPO's loss: token clip with a k3 KL term. Kept as the paper's name for `policy_loss`."""
-    loss, stats = policy_loss(logp, old_logp, ref_logp, advantages, completion_mask, weights,
-                              loss_type="clip", beta=beta, kl_estimator="k3", eps_low=eps_low,
-                              eps_high=eps_high)
+def clipped_surrogate_loss(logp, old_logp, ref_logp, advantages, completion_mask, weights,
+                           settings: LossSettings):
+    """GRPO's loss (the token clip with a k3 KL term: LossSettings' own loss_type and kl_estimator),
+    with the clipped tokens of both sides as stats["clip"]. Kept as the paper's name for `policy_loss`."""
+    loss, stats = policy_loss(logp, old_logp, ref_logp, advantages, completion_mask, weights, settings)
     stats["clip"] = stats["clip_low"] + stats["clip_high"]
     return loss, stats

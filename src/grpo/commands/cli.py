@@ -113,47 +113,33 @@ def cmd_launch(args: list[str], options: dict) -> None:
 
 
 def cmd_sft(args: list[str], options: dict) -> None:
-    from grpo import build
+    from grpo import assembly
     from grpo.run.checkpoint import run_lock, save_model_dir
-    from grpo.assemble import cold_start
+    from grpo.assembly import cold_start
     from pathlib import Path
     config = _config(args)
     if not config.run.sft_steps:
-        raise build.ConfigError("config key 'sft_steps' is 0 (with dataset= unless set): nothing to "
+        raise assembly.ConfigError("config key 'sft_steps' is 0 (with dataset= unless set): nothing to "
                                 "tune; set sft_steps=N")
     run_dir = Path(config.run.output_dir)
     with run_lock(run_dir):   # as grpo train: one run writes a directory at a time
-        data = build.load_data(config, check_golds_now=False)
-        policy, tokenizer = build.load_model_and_tokenizer(config, run_dir)
+        data = assembly.load_data(config, check_golds_now=False)
+        policy, tokenizer = assembly.load_model_and_tokenizer(config, run_dir)
         cold_start(config, policy, tokenizer, data, print, save_to=run_dir)
         path = save_model_dir(policy, tokenizer, run_dir / "final")
     print(f"model directory: {path}")
 
 
 def cmd_eval(args: list[str], options: dict) -> None:
-    from grpo import build
+    from grpo.assembly import assemble_evaluation
     from grpo.evaluate import eval_setup, evaluate, progress, results_file, say_replacing
-    from grpo.sampling import HFSampler
     said: list[str] = []                 # shown once the model loads: an error is one line alone
     setup = eval_setup(*_checked_args(args), log=said.append)   # a run: its weights and settings
     config = setup.config
-    data = build.load_data(config, log=said.append, held_out_only=True)   # no training rows
-    if not data.eval_rows:
-        raise build.ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
-    policy, tokenizer = build.load_model_and_tokenizer(config, None)
+    run = assemble_evaluation(config, said.append, to_stderr)
     for line in said:
         to_stderr(line)
-    build.fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None),
-                      data, log=to_stderr)
-    agent = data.agent
-    if agent is not None:     # tools or an environment: held-out episodes, as in training
-        from grpo.sampling.episodes import EpisodeSampler
-        sampler = EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
-                                 call_format=build.call_format_of(config, tokenizer, agent),
-                                 make_env=agent.make_env)
-    else:
-        sampler = HFSampler(policy, tokenizer, max_new_tokens=config.sampling.max_new_tokens,
-                            stop=tuple(config.sampling.stop))   # as training's evaluation
+    sampler, tokenizer, data = run.sampler, run.tokenizer, run.data
     rows_file = results_file(setup, options.get("out"))
     say_replacing(rows_file)
     results: list[dict] = []

@@ -28,11 +28,12 @@ import textwrap
 
 import torch
 
-from grpo import build
+from grpo import assembly
 from grpo.algorithm.advantages import ADVANTAGES
 from grpo.config import ALGORITHMS, TrainConfig, load_config, load_yaml, parse_overrides
 from grpo.data import columns_of
-from grpo.algorithm.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, surrogate, token_kl
+from grpo.algorithm.loss import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregation_weights, surrogate,
+                                 token_kl)
 from grpo.pipeline.inline import score_rollout
 from grpo.rewards import REWARDS, faults
 from grpo.data.tasks import TASKS
@@ -103,7 +104,7 @@ def config_for(path: str | None, overrides: list[str]) -> tuple[TrainConfig, lis
     return config, [note]
 
 
-def pick_row(c: TrainConfig, data: build.Data, number: int) -> dict:
+def pick_row(c: TrainConfig, data: assembly.Data, number: int) -> dict:
     """Row `number` of the data, counted from 1: of the dataset file as it is written (error
     messages count the same way), or of a built-in task's training rows."""
     if c.data.dataset:
@@ -114,7 +115,7 @@ def pick_row(c: TrainConfig, data: build.Data, number: int) -> dict:
         found = data.train_rows[number - 1:number] if number >= 1 else []
         last, where = len(data.train_rows), f"task {c.data.task}"
     if not found:
-        raise build.ConfigError(f"--row {number}: rows are numbered from 1, as in the file; "
+        raise assembly.ConfigError(f"--row {number}: rows are numbered from 1, as in the file; "
                                 f"{where} has rows 1..{last}")
     return {k: v for k, v in found[0].items() if k != "_row"}
 
@@ -124,13 +125,13 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     """Sample, score, normalize and update on one prompt (`row` of the data, counted from 1 as
     in the file, or `prompt`); every intermediate number, as a dict. The step is training's own
     (step.grpo_step), watched by a Recorder."""
-    from grpo.assemble import cold_start, make_learner, with_fresh_adapter
+    from grpo.assembly import cold_start, make_learner, with_fresh_adapter
 
-    build.seed_everything(c.run.seed)
-    build.check_choices(c)
-    data = build.load_data(c)
+    assembly.seed_everything(c.run.seed)
+    assembly.check_choices(c)
+    data = assembly.load_data(c)
     rows = [{"prompt": prompt, "answer": answer}] if prompt is not None else [pick_row(c, data, row)]
-    policy, tok = build.load_model_and_tokenizer(c, None)
+    policy, tok = assembly.load_model_and_tokenizer(c, None)
     notes = []
     if c.run.sft_steps and data.demonstrations:
         cold_start(c, policy, tok, data, log)
@@ -152,7 +153,7 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     after = logprobs_of(learner.policy, rollout, mb, mb_tokens)
     rollout.old_logprobs = recorder.old
-    weights = AGGREGATIONS[c.loss.aggregation](rollout.tokens_in_loss, c.sampling.max_new_tokens)   # as the update's
+    weights = aggregation_weights(c.loss.aggregation, rollout.tokens_in_loss, c.sampling.max_new_tokens)   # the update's
     scored = rollout.rewards[~torch.isnan(rollout.rewards)]
     out = _as_dict(c, rollout, tok, scored, recorder.iterations, after, weights)
     out["notes"] = notes
@@ -166,14 +167,14 @@ class OneGroup:
     engine with draws from the seed, and scored as training scores them."""
     colocated = True
 
-    def __init__(self, c: TrainConfig, learner, tokenizer, data: build.Data, rows: list[dict]):
+    def __init__(self, c: TrainConfig, learner, tokenizer, data: assembly.Data, rows: list[dict]):
         self.c, self.learner, self.tokenizer, self.data, self.rows = c, learner, tokenizer, data, rows
 
     def take(self, step: int) -> Taken:
         G, T = self.c.sampling.group_size, self.learner.sampler.max_new_tokens
         draws = torch.Generator().manual_seed(self.c.run.seed)
         with faults.counting() as counts:
-            rollout = self.learner.sampler.sample(build.prompt_texts(self.c, self.tokenizer, self.rows,
+            rollout = self.learner.sampler.sample(assembly.prompt_texts(self.c, self.tokenizer, self.rows,
                                                                      self.data.agent),
                                                   G, uniforms=torch.rand(G, T, generator=draws),
                                                   rows=self.rows)

@@ -46,7 +46,7 @@ def free_port() -> int:
 def served_model(config, work: Path) -> str:
     """The directory vLLM loads. model=tiny: built here as the trainer builds its own (same
     shape); the trainer sends its weights before the first step, so only the shape matters."""
-    from grpo.build import load_model_and_tokenizer
+    from grpo.assembly import load_model_and_tokenizer
     from grpo.models import whole_model
     name = config.model.model
     if name in ("tiny", "tiny-vlm"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo import build
+from grpo import assembly
 from grpo.config import ConfigError, load_config, load_yaml, parse_overrides
 from grpo.data import DataError, columns_of, load_table
 from grpo.evaluate import beside, say_replacing, write_rows
@@ -42,7 +42,7 @@ def score_file(args: list[str], column: str | None = None, out: str | None = Non
     if not config.data.dataset:
         raise ConfigError("config key 'dataset': grpo score needs the file of completions, "
                           "dataset=FILE (rows with the dataset's columns and a completion each)")
-    data = build.load_data(config)
+    data = assembly.load_data(config)
     rows = sorted(data.train_rows, key=lambda r: r["_row"])     # as in the file
     d = config.data
     # the columns as the file names them (load_rows renames the prompt's and the answer's)
@@ -99,7 +99,7 @@ def _prompt_text(prompt) -> str:
     return prompt
 
 
-def _score_rows(config, data: build.Data, rows: list[dict], per_row: list[list[str]],
+def _score_rows(config, data: assembly.Data, rows: list[dict], per_row: list[list[str]],
                 column: str, with_votes: bool) -> tuple[list[str], list[dict]]:
     """Every completion's reward (the weighted sum) and each function's, row by row as results
     for passk.summarize and the JSONL file; with votes, each completion's extracted answer."""

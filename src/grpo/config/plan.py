@@ -18,8 +18,11 @@ come from. Each is answered here, from the config, and nowhere else; the step re
                   "behaviour" (async_steps with proximal=behaviour: the log-probs of the weights
                   that sampled)
     correction    (name, cap, lower threshold) of the off-policy correction, or None
-    groups        "inline" (the learner's engine samples step t's groups from the weights after
-                  step t-1) or "pipeline" (rollout workers, from the weights after t-1-k)
+    groups        where step t's groups come from: "inline" (the learner's sampler, from the
+                  weights after step t-1), or with async_steps = k > 0, from the weights after
+                  t-1-k: "workers" (rollout workers forked from the trainer, grpo's own sampler)
+                  or "client" (an engine client, a thread of each trainer process: on vLLM in
+                  this process or on servers, or grpo's own sampler with rollout_workers=0)
 """
 
 from __future__ import annotations
@@ -79,8 +82,14 @@ def plan_of(c) -> Plan:
         pi_old = "current"
     return Plan(reference=reference, ref_reset_every=c.run.ref_reset_every,
                 ref_update_rate=c.run.ref_update_rate, kl_in=kl_in, pi_old=pi_old,
-                correction=correction, groups="pipeline" if pipeline.async_steps else "inline",
-                async_steps=pipeline.async_steps)
+                correction=correction, groups=groups_of(c), async_steps=pipeline.async_steps)
+
+
+def groups_of(c) -> str:
+    """Where the groups come from (the module docstring): "inline", "workers" or "client"."""
+    if not c.pipeline.async_steps:
+        return "inline"
+    return "client" if c.sampling.sampler != "hf" or not c.pipeline.rollout_workers else "workers"
 
 
 def correction_of(c) -> tuple[str, float, float] | None:

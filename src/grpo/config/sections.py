@@ -101,10 +101,11 @@ class DataConfig:
 class AgentConfig:
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call in multi-turn episodes: built-ins (calculator, python) or
-    `module:function` (type hints and a docstring make its schema); empty uses the task's own."""
+    `module:function` or `file.py:function` (type hints and a docstring make its schema); empty
+    uses the task's own."""
     environment: str = ""
-    """A stateful environment per episode: a built-in (guess_number) or `module:Class` with
-    reset(row) and step(text) (docs/guides/agents.md); its public methods are tools too."""
+    """A stateful environment per episode: a built-in (guess_number) or `module:Class` (or
+    `file.py:Class`) with reset(row) and step(text) (docs/guides/agents.md); its public methods are tools too."""
     tool_format: str = "plain"
     """How calls are written and parsed: `plain` (<call>NAME ARGS</call>, results in
     <result>..</result>) or `hermes` (<tool_call>{"name", "arguments"}</tool_call>, Qwen2.5 style;
@@ -213,7 +214,8 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     rewards: list[str] = field(default_factory=list)
-    """Reward functions: built-in names, `module:function`, `model:DIR` (a reward model) or an
+    """Reward functions: built-in names, `module:function` (or `file.py:function`, a file in the
+    working directory or a path), `model:DIR` (a reward model) or an
     http(s) URL (a reward server). Empty: with `environment`, the environment's episode reward
     alone; else with `dataset`, math_accuracy; else the task's own reward. An environment's reward
     is always added; the run prints the rewards it uses and config.yaml lists them."""

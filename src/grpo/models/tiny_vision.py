@@ -25,7 +25,7 @@ def build_tiny_processor(image_size: int = 32, patch_size: int = 8):
     from transformers import LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-    from grpo.models import build_tiny_tokenizer
+    from grpo.models.tiny import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})

@@ -7,7 +7,7 @@ group source; the asynchronous pipeline (groups.py) is the other.
     draw_groups            this process's share of n groups, with the draws of (seed, step, round)
     score_rollout          the reward functions' weighted sum, the environment's reward, shaping
 
-Rollout workers sample with the same functions (assemble.start_pipeline passes them), so a
+Rollout workers sample with the same functions (assembly/groups.start_pipeline passes them), so a
 group is the same whichever process samples it.
 """
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from grpo import build
+from grpo import inputs
 from grpo.algorithm.advantages import groups_with_contrast
 from grpo.algorithm.shaping import overlong_penalty
 from grpo.config import TrainConfig
@@ -35,7 +35,7 @@ class InlineGroups:
     t-1) and scored, in this process."""
     colocated = True
 
-    def __init__(self, c: TrainConfig, learner: Learner, tokenizer, data: build.Data,
+    def __init__(self, c: TrainConfig, learner: Learner, tokenizer, data: inputs.Data,
                  stream: PromptStream):
         self.c, self.learner, self.tokenizer, self.data, self.stream = c, learner, tokenizer, data, stream
 
@@ -50,7 +50,7 @@ class InlineGroups:
         return None   # the learner's engine samples from the policy itself (or was synced)
 
 
-def sample_scored_groups(c: TrainConfig, sampler: Sampler, tokenizer, data: build.Data,
+def sample_scored_groups(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data,
                          stream: PromptStream, timer: dict | None = None,
                          world: distributed.World = distributed.World(),
                          step: int = 0) -> tuple[Rollout, dict]:
@@ -118,7 +118,7 @@ def my_share(rollout: Rollout, world: distributed.World, G: int) -> tuple[Rollou
 
 def draw_groups(c: TrainConfig, sampler, tokenizer, stream: PromptStream, n: int,
                 world: distributed.World = distributed.World(), step: int = 0,
-                rounds: int = 0, *, agent: build.Agent | None = None) -> Rollout | None:
+                rounds: int = 0, *, agent: inputs.Agent | None = None) -> Rollout | None:
     """This process's share of `n` groups, sampled (not scored) with the draws of (seed, step,
     round); None when a refill of dynamic sampling leaves this process no group. `agent`: the
     run's tools and environment, which the prompts describe."""
@@ -132,12 +132,12 @@ def draw_groups(c: TrainConfig, sampler, tokenizer, stream: PromptStream, n: int
     rows, uniforms = rows[mine], uniforms[mine.start * G:mine.stop * G]
     if not rows:
         return None
-    part = sampler.sample(build.prompt_texts(c, tokenizer, rows, agent), G, uniforms=uniforms, rows=rows)
+    part = sampler.sample(inputs.prompt_texts(c, tokenizer, rows, agent), G, uniforms=uniforms, rows=rows)
     part.columns = columns_of(rows, G)
     return part
 
 
-def score_rollout(c: TrainConfig, rollout: Rollout, data: build.Data) -> None:
+def score_rollout(c: TrainConfig, rollout: Rollout, data: inputs.Data) -> None:
     """Weighted sum of the reward functions (plus DAPO's overlong penalty); an unscorable row
     (`unscorable`: any or all of its functions returned None) becomes NaN."""
     totals, rollout.rewards_per_fn = score(data.reward_fns, data.reward_weights, rollout.prompts,

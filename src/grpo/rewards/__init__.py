@@ -18,7 +18,7 @@ from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, extract_answer, final_answer, math_accuracy
 from grpo.rewards.code import CodeTests, code_tests
 from grpo.rewards import faults
-from grpo.sandbox.pool import find
+from grpo.sandbox.usercode import user_object
 
 RewardFn = Callable[..., list]
 
@@ -55,21 +55,9 @@ class Unscored(RewardError):
 
 
 def get_reward(name: str) -> RewardFn:
-    """A built-in by name, or any function as `module:function`, the module found in the working
-    directory first (workers.find)."""
-    if ":" in name:
-        try:
-            fn = find(name)
-        except ImportError as e:
-            raise RewardError(f"reward function '{name}': {e}") from None
-        if not callable(fn):
-            raise RewardError(f"reward function '{name}' is not a function (its type is "
-                              f"{type(fn).__name__})")
-        return fn
-    if name not in REWARDS:
-        raise RewardError(f"unknown reward function '{name}'; built-ins are {sorted(REWARDS)}, "
-                          "or give your own as module:function")
-    return REWARDS[name]
+    """A built-in by name, or any function as `module:function` (the module found in the working
+    directory first) or `file.py:function` (sandbox/usercode.py)."""
+    return user_object(name, REWARDS, what="reward function", error=RewardError)
 
 
 def reward_name(fn: RewardFn) -> str:

@@ -284,7 +284,7 @@ def _model_names(model, state: dict) -> dict:
 
 def cold_start_under(policy, path: Path) -> str | None:
     """The adapter directory under a LoRA checkpoint's adapter that the policy as loaded lacks:
-    the run's cold_start/, which assemble.resume_or_cold_start merged into the base before GRPO;
+    the run's cold_start/, which assembly.resume_or_cold_start merged into the base before GRPO;
     None when the checkpoint's adapter was trained on the policy's own base."""
     from grpo.models import adapter_base, is_adapter_dir
     if not hasattr(policy, "peft_config") or not (path / "adapter_config.json").is_file():

@@ -26,7 +26,7 @@ import torch
 
 from grpo import vision
 from grpo.rollout import Rollout
-from grpo.sampling import mask_from_lengths, vision_prompts
+from grpo.sampling.interface import mask_from_lengths, vision_prompts
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from grpo import vision
 from grpo.agents.environments import (EnvironmentError_, as_step, checked_instance, label,
                                       method_tools, with_deadline)
 from grpo.rollout import Episodes, Rollout
-from grpo.sampling import SharesThePolicy, draw, eos_ids, vision_prompts, vision_turns
+from grpo.sampling.interface import SharesThePolicy, eos_ids, vision_prompts
+from grpo.sampling.own import draw, vision_turns
 from grpo.agents.tools import FORMATS, IMAGE_MARK, CallFormat, Tool, run_call
 
 
@@ -512,7 +513,7 @@ class EpisodeSampler(SharesThePolicy):
 
     def _vision_episodes(self, prompts: list[str], group_size: int, greedy: bool, rows: list[dict]):
         """Episodes of a vision-language model: each turn prefills the history with its images
-        (sampling.vision_turns); images in observations are appended as image tokens."""
+        (own.vision_turns); images in observations are appended as image tokens."""
         model, tok = self.model, self.tokenizer
         temperature, top_p = (1.0, 1.0) if greedy else (self.temperature, self.top_p)
         was_training = model.training

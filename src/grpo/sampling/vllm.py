@@ -24,7 +24,7 @@ from typing import Iterable
 
 import torch
 
-from grpo.sampling.engine import EngineError, EngineSampler, Generated, Request
+from grpo.sampling.engine import EngineError, Generated, Request
 
 TESTED = "0.32"   # the vLLM release this module is tested with (pyproject's extras pin it)
 
@@ -154,17 +154,6 @@ class VLLMEngine:
         self.llm = None
 
 
-def VLLMSampler(model_path: str, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
-                top_p: float = 1.0, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                dtype: str = "bfloat16", max_model_len: int | None = None, sleep: bool = True,
-                agent=None, lora_rank: int = 0) -> EngineSampler:
-    """`sampler=vllm`: the Sampler on a vLLM engine in this process, loaded from `model_path`."""
-    engine = VLLMEngine(model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                        dtype=dtype, max_model_len=max_model_len, sleep=sleep, lora_rank=lora_rank)
-    return EngineSampler(engine, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, seed=seed, sleep=engine.can_sleep, agent=agent)
-
-
 # ---------------------------------------------------------------- vLLM as a server
 
 def serve_command(model: str, port: int, *, seed: int, dtype: str,
@@ -191,7 +180,7 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
     server and what was being sent."""
     import json
     import time
-    from grpo.rewards.sources import post
+    from grpo.run.http import post
     try:
         status, reason, text = post(url, json.dumps(body or {}).encode(), time.monotonic() + timeout_s)
     except (OSError, TimeoutError) as e:   # refused, reset, the deadline passed

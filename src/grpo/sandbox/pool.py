@@ -22,21 +22,14 @@ Each call ends one of five ways (`run` says which; `map` keeps only the values, 
 
 A worker that overran or died is killed if need be and replaced, and the event is counted.
 
-Where a `module:function` is found (`find`, shared by rewards, tools, environments and the workers
-themselves): the module is taken from the working directory first, where a user keeps the file a
-config names, else from wherever Python finds it. The working directory goes at the end of the
-search path, so the user's module can import its neighbours but no file there hides a module the
-library or its dependencies import. A worker starts in the caller's working directory with the
+A worker finds its function as rewards, tools and environments are found (sandbox/usercode.py:
+`find`, given the target `target_of` makes). It starts in the caller's working directory with the
 caller's search path, and without the working directory put first (`-P`), so it finds the same
 module the caller found, and nothing else of the user's.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import importlib.machinery
-import importlib.util
 import os
 import pickle
 import signal
@@ -47,6 +40,8 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from grpo.sandbox.usercode import find, target_of
+
 _HEADER = struct.Struct("<I")
 _READY = "ready"
 STARTUP_S = 120.0   # how long a fresh worker may take to import its function
@@ -56,12 +51,13 @@ _SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
 
 
 def _name_of(fn: Callable) -> str:
-    """`module:qualname` of a module-level function (what a worker imports)."""
+    """`module:qualname` (or `path.py:qualname`) of a module-level function (what a worker
+    imports: usercode.target_of)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or "<" in qualname:
         raise ValueError(f"{fn!r}: a worker function must be defined at the top level of an "
                          "importable module (not in __main__, not a lambda or a nested function)")
-    return f"{module}:{qualname}"
+    return target_of(module, qualname)
 
 
 def _read_exact(stream, n: int) -> bytes | None:
@@ -226,66 +222,6 @@ class DeadlinePool:
                 w.process.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 w.kill()
-
-
-def import_user_module(name: str):
-    """The module `name`, from the working directory first, else as Python finds it (the module
-    docstring). A module of that name already imported stays the one used (the library's own
-    `grpo`, or `json`: a `json.py` of the user's is then not read, which `find` says)."""
-    here = os.getcwd()
-    top = name.partition(".")[0]
-    importlib.invalidate_caches()               # a file written since the last import is seen
-    spec = importlib.machinery.PathFinder.find_spec(top, [here])
-    if spec is not None and top not in sys.modules:
-        if here not in sys.path:
-            sys.path.append(here)               # last: for the module's own imports of its neighbours
-        if spec.origin is not None:             # a file or a package (a plain directory is not taken first)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[top] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[top]
-                raise
-    return importlib.import_module(name)
-
-
-def _unread_file(module) -> str:
-    """Where a user's file of the module's name, in the working directory, was passed over."""
-    top = module.__name__.partition(".")[0]
-    spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
-    mine = None if spec is None else spec.origin
-    read = getattr(sys.modules.get(top), "__file__", None)
-    if mine is None or (read and os.path.realpath(read) == os.path.realpath(mine)):
-        return ""
-    return (f"; {mine} was not read, as a module named '{top}' was imported before it: rename "
-            "your file")
-
-
-def find(target: str, kind: str = "function") -> Any:
-    """The object `module:qualname` names, its module found by import_user_module; an ImportError
-    whose message says what is missing and where it was looked for."""
-    module_name, _, qualname = target.partition(":")
-    try:
-        found: Any = import_user_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name != module_name.partition(".")[0]:     # the module itself imports what is missing
-            raise ImportError(f"cannot import module '{module_name}' ({e})") from None
-        raise ImportError(f"cannot import module '{module_name}': no {e.name}.py in the working "
-                          f"directory ({os.getcwd()}) nor on Python's path") from None
-    except Exception as e:  # noqa: BLE001 - a user's module may raise anything as it loads
-        raise ImportError(f"cannot import module '{module_name}' ({type(e).__name__}: {e})") from None
-    module = found
-    for part in qualname.split("."):
-        if not hasattr(found, part):
-            names = [n for n in dir(module) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=1)
-            raise ImportError(f"module '{module_name}' has no {kind} '{qualname}'"
-                              + (f" (did you mean '{close[0]}'?)" if close else "")
-                              + f"; it was read from {getattr(module, '__file__', None) or 'the interpreter'}"
-                              + _unread_file(module))
-        found = getattr(found, part)
-    return found
 
 
 def _serve(target: str) -> None:

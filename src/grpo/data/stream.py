@@ -1,0 +1,37 @@
+"""The prompt stream: endless shuffled batches of rows, with a position a checkpoint saves, and
+the rows' columns as reward functions receive them."""
+
+from __future__ import annotations
+
+import random
+
+
+class PromptStream:
+    """Endless batches of rows: shuffled by `seed`, reshuffled each pass."""
+
+    def __init__(self, rows: list[dict], seed: int):
+        self.rows, self.rng = list(rows), random.Random(seed)
+        self.order: list[int] = []
+
+    def state_dict(self) -> dict:
+        """Where the stream is: the rows left in this pass and the shuffler's state."""
+        return {"order": list(self.order), "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order = list(state["order"])
+        self.rng.setstate(state["rng"])
+
+    def next_batch(self, size: int) -> list[dict]:
+        batch = []
+        while len(batch) < size:
+            if not self.order:
+                self.order = list(range(len(self.rows)))
+                self.rng.shuffle(self.order)
+            batch.append(self.rows[self.order.pop()])
+        return batch
+
+
+def columns_of(rows: list[dict], repeat: int) -> dict[str, list]:
+    """Every column but `prompt`, each value repeated for the `repeat` members of its group."""
+    keys = [k for k in rows[0] if k not in ("prompt", "_row")]
+    return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in keys}
