@@ -307,6 +307,7 @@ def test_reinforce_pp_advantages_in_a_step_by_hand(tmp_path):
     # set_advantages on a rollout whose rewards, log-probs and mask are set by hand: two rows of
     # one group, rewards [1, 0], beta 0.5, k1 KL = old - ref per token.
     from grpo.config import load_config
+    from grpo.config.plan import plan_of
     from grpo.rollout import Rollout
     from grpo.step import set_advantages
     from grpo.run.distributed import World
@@ -318,7 +319,7 @@ def test_reinforce_pp_advantages_in_a_step_by_hand(tmp_path):
     r.loss_mask = None
     r.old_logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0]])
     r.ref_logprobs = torch.tensor([[-1.1, -2.2, -0.8], [-2.0, -0.9, 0.0]])
-    extra = set_advantages(c, r, None, World())
+    extra = set_advantages(c, r, None, World(), plan_of(c))
     # KL [[.1, .2, .3], [.5, -.1]] -> returns [.7, .75, .85, -.2, .05] as above, then normalized
     std = math.sqrt(0.22325)
     expected = [[0.27 / std, 0.32 / std, 0.42 / std], [-0.63 / std, -0.38 / std, 0.0]]
@@ -331,14 +332,14 @@ def test_reinforce_pp_advantages_in_a_step_by_hand(tmp_path):
     # variance .3, std .5477226; its KL is a k2 loss term, not in the reward
     c = load_config(overrides=["algorithm=reinforce_pp_baseline", "advantage_eps=0"])
     assert (c.loss.kl_in_reward, c.loss.kl_estimator) == (False, "k2")
-    extra = set_advantages(c, r, None, World())
+    extra = set_advantages(c, r, None, World(), plan_of(c))
     s = math.sqrt(0.3)
     assert r.advantages.tolist()[0] == pytest.approx([0.4 / s] * 3, abs=1e-6)
     assert r.advantages.tolist()[1] == pytest.approx([-0.6 / s, -0.6 / s, 0.0], abs=1e-6)
     assert "kl_reward/mean" not in extra
     # without the batch normalization the raw returns stay
     c = load_config(overrides=["algorithm=reinforce_pp_baseline", "reinforce_pp_batch_norm=false"])
-    set_advantages(c, r, None, World())
+    set_advantages(c, r, None, World(), plan_of(c))
     assert r.advantages.tolist() == [[0.5, 0.5, 0.5], [-0.5, -0.5, 0.0]]
 
 

@@ -166,7 +166,7 @@ def rewards_to_advantages(c: TrainConfig, learner: Learner, rollout: Rollout, ag
     go into `extra`."""
     if c.loss.mask_truncated:
         rollout.loss_mask = rollout.completion_mask * (~rollout.truncated).long().unsqueeze(-1)
-    extra.update(set_advantages(c, rollout, agent, learner.world))
+    extra.update(set_advantages(c, rollout, agent, learner.world, learner.plan))
     is_weights = None
     if (correction := learner.plan.correction) is not None:
         is_weights, correction_stats = off_policy_weights(rollout, *correction)
@@ -178,15 +178,15 @@ def rewards_to_advantages(c: TrainConfig, learner: Learner, rollout: Rollout, ag
     return is_weights, selected
 
 
-def set_advantages(c: TrainConfig, rollout: Rollout, agent, world: distributed.World) -> dict:
-    """Step 3: the rewards (with the KL in them under kl_in_reward) -> rollout.advantages, [N] or
+def set_advantages(c: TrainConfig, rollout: Rollout, agent, world: distributed.World, plan: Plan) -> dict:
+    """Step 3: the rewards (with the KL in them where Plan.kl_in is reward) -> rollout.advantages, [N] or
     [N, T]; returns the step's metrics of it. Batch statistics (reinforce_pp_batch_norm) are over
     every process's tokens."""
     extra: dict = {}
     rewards = rollout.rewards
     per_token = c.loss.advantage in TOKEN_RETURNS
     kl = None
-    if c.loss.kl_in_reward and rollout.ref_logprobs is not None:
+    if plan.kl_in == "reward":
         if per_token:   # REINFORCE++: each token's KL is a reward at that token
             kl = token_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.tokens_in_loss,
                           c.loss.kl_estimator)
@@ -285,10 +285,10 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
             rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
 
 
-def loss_settings(c: TrainConfig) -> LossSettings:
-    """The loss's settings, from the config, as one frozen record. With the KL in the reward, the
-    loss has no KL term."""
-    return LossSettings(loss_type=c.loss.loss_type, beta=0.0 if c.loss.kl_in_reward else c.loss.beta,
+def loss_settings(c: TrainConfig, plan: Plan) -> LossSettings:
+    """The loss's settings, from the config, as one frozen record. The loss has a KL term only
+    where the Plan puts the KL in the loss."""
+    return LossSettings(loss_type=c.loss.loss_type, beta=c.loss.beta if plan.kl_in == "loss" else 0.0,
                         kl_estimator=c.loss.kl_estimator, eps_low=c.loss.epsilon,
                         eps_high=c.loss.epsilon_high or c.loss.epsilon, clip_c=c.loss.clip_c,
                         tau_pos=c.loss.sapo_tau_pos, tau_neg=c.loss.sapo_tau_neg,
@@ -316,7 +316,7 @@ def update_policy(c: TrainConfig, learner: Learner, rollout: Rollout,
     weights = aggregation_weights(c.loss.aggregation, everyone, c.sampling.max_new_tokens,
                                   world.rows(len(everyone)), rollout.completion_ids.shape[1])
     updates = []
-    settings = loss_settings(c)   # one record for the step's updates
+    settings = loss_settings(c, learner.plan)   # one record for the step's updates
     for iteration in range(c.optim.num_iterations):
         on_policy = iteration == 0 and learner.plan.first_update_on_policy
         chosen = selection_for_update(c, selected, on_policy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from grpo.inputs import Data, RewardUse, accuracy_text
 from grpo.config import ConfigError, TrainConfig
+from grpo.config.plan import plan_of
 from grpo.data import first_line
 from grpo.models import ModelError, model_source
 from grpo.rewards import RewardFn, get_reward, math_accuracy, reward_name
@@ -74,7 +75,7 @@ def choose_rewards(config: TrainConfig, given: list[RewardFn] | None, task, env_
     if config.loss.overlong_buffer > 0:
         uses.append(RewardUse("overlong", 1.0, f"overlong_buffer={config.loss.overlong_buffer:g}'s "
                                                "penalty"))
-    if config.loss.kl_in_reward and config.loss.beta > 0:
+    if plan_of(config).kl_in == "reward":
         uses.append(RewardUse("kl", -config.loss.beta, "kl_in_reward=true: -beta x the KL"))
     return fns, uses
 

@@ -148,7 +148,7 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     # every update is shown, a non-finite one too (stepped: False): none stops the explanation
     c = dataclasses.replace(c, optim=dataclasses.replace(c.optim, max_skipped_updates=c.optim.num_iterations))
     learner = make_learner(c, policy, tok, data.agent)
-    recorder = Recorder(c, learner.policy)
+    recorder = Recorder(c, learner.policy, learner.plan)
     rollout, _ = grpo_step(c, learner, OneGroup(c, learner, tok, data, rows), data.agent, recorder)
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens
     after = logprobs_of(learner.policy, rollout, mb, mb_tokens)
@@ -191,8 +191,8 @@ class Recorder(Observer):
     needs none: with mu = 1 and no correction its updates take their own log-probs, detached),
     and for each update the log-probs before it, the ratio, the clipped tokens and the KL."""
 
-    def __init__(self, c: TrainConfig, policy):
-        self.c, self.policy = c, policy
+    def __init__(self, c: TrainConfig, policy, plan):
+        self.c, self.policy, self.plan = c, policy, plan
         self.old: torch.Tensor | None = None
         self.iterations: list[dict] = []
         self.pending: dict = {}
@@ -207,7 +207,7 @@ class Recorder(Observer):
         now = self._logprobs(rollout)
         mask = rollout.tokens_in_loss
         adv = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
-        sur = surrogate(now, self.old, adv, mask, loss_settings(self.c), selected)
+        sur = surrogate(now, self.old, adv, mask, loss_settings(self.c, self.plan), selected)
         kl = (token_kl(now, rollout.ref_logprobs, mask, self.c.loss.kl_estimator)
               if rollout.ref_logprobs is not None else torch.zeros_like(now))
         self.pending = {"logp": now, "ratio": torch.exp(now - self.old), "clipped_low": sur.clipped_low,

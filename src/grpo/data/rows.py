@@ -357,7 +357,6 @@ def open_text(path: str):
 
 def check_jsonl(path: str) -> None:
     """Every non-blank line of a JSONL file is a JSON object; the error names the first that is not."""
-    import json
     import lzma
     number = 0
     try:
