@@ -62,17 +62,19 @@ def test_sft_then_eval(tmp_path):
 
 
 def test_eval_honours_the_sampler_key_as_training_does(tmp_path):
-    """grpo eval is assembled as a run is: sampler=vllm evaluates on vLLM, or, where vLLM is not
-    installed, refuses in one line before any model loads (it once evaluated with grpo's own
-    sampler whatever the key said); sampler=vllm_server with no server names the key."""
+    """grpo eval and grpo explain are assembled as a run is: sampler=vllm samples on vLLM
+    (tests/test_vllm.py), or, where vLLM is not installed, refuses in one line before any model
+    loads (grpo eval once evaluated with grpo's own sampler whatever the key said)."""
     import importlib.util
     import pytest
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: tests/test_vllm.py evaluates on it")
-    out = grpo("eval", "sampler=vllm", "eval_size=4", f"output_dir={tmp_path}")
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("grpo eval: error: config key 'sampler': sampler=vllm needs vLLM")
+    for command in ("eval", "explain"):     # explain samples its group as a run would
+        out = grpo(command, "sampler=vllm", "eval_size=4", f"output_dir={tmp_path}")
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"grpo {command}: error: config key 'sampler': sampler=vllm needs vLLM"), lines
 
 
 def test_the_example_recipes_are_valid_configs():

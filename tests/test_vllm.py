@@ -383,6 +383,24 @@ def test_training_on_the_server_samples_with_the_trainers_weights(session_server
         [m["sampler/logp_diff"] for m in result.history]
 
 
+def test_grpo_eval_with_sampler_vllm_server_evaluates_on_the_server(session_server, engine_model_dir,
+                                                                     tmp_path):
+    """grpo eval is assembled as training is: sampler=vllm_server sends the weights to the server
+    and evaluates there (greedy, so its completions are grpo's own sampler's, token for token)."""
+    out = {}
+    for sampler in ("vllm_server", "hf"):
+        rows = tmp_path / f"{sampler}.jsonl"
+        done = subprocess.run([sys.executable, "-m", "grpo", "eval", f"model={engine_model_dir}",
+                               f"sampler={sampler}", f"vllm_url={session_server.url}", "eval_size=8",
+                               "max_new_tokens=6", "threads=1", f"eval_output={rows}"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out[sampler] = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(out["hf"]) == 8
+    assert [r["completions"] for r in out["vllm_server"]] == [r["completions"] for r in out["hf"]]
+    assert any(c for r in out["hf"] for c in r["completions"])     # something was generated
+
+
 def test_a_trainer_killed_mid_run_resumes_on_the_same_server(session_server, engine_model_dir,
                                                               tmp_path):
     """SIGKILL the trainer after its second checkpoint; `resume=auto` on the same server sends

@@ -134,6 +134,8 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     `reduce` sums the loss and the diagnostics' numerators and token counts over processes.
     With sharded parameters (FSDP2) every process must run as many forward/backward passes as
     the others: `passes(n)` returns that number and the extra ones contribute zero.
+    Longer than about 60 lines: one backward of the whole step in micro-batches with the global
+    normalizer; its arguments are the loss's.
     """
     if weights is None:
         weights = aggregation_weights(aggregation, rollout.tokens_in_loss, max_tokens)  # [N, T]

@@ -26,6 +26,9 @@ process, as `Tool.runs` says:
 
 Built-ins: `calculator` (arithmetic, no names, no calls, results of bounded size) and `python` (a
 program in the code sandbox, its output capped).
+
+Longer than about 400 lines: the tool contract (a schema from a signature), the built-in tools and
+their deadline runner.
 """
 
 from __future__ import annotations

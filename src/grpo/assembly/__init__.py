@@ -6,7 +6,8 @@
     model.py    the model and tokenizer (a hub name, a directory, a run, the tiny models), LoRA
     learner.py  the policy GRPO starts from (cold start or resume), the learner, the samplers
     groups.py   where step t's groups come from (Plan.groups): inline, workers or a client
-    run.py      assemble(config) -> Run, complete when returned (or Finished)
+    run.py      assemble(config) -> Run, complete when returned (or Finished); the rows and model
+                of the commands that do not train (eval, explain, sft), checked the same way
 
 What a run is given besides its model (Data, Agent, prompt_texts) is `grpo.inputs`, in the steps
 layer, as the pipeline and evaluation read it too.
@@ -20,11 +21,13 @@ from grpo.assembly.learner import (cold_start, make_learner, make_sampler, resum
 from grpo.assembly.model import (add_lora, given_model, load_model_and_tokenizer, run_dir_of,
                                  run_settings, run_weights, seed_everything, set_checkpointing)
 from grpo.assembly.rewards import choose_accuracy, rewards_comment
-from grpo.assembly.run import Evaluation, Finished, Run, assemble, assemble_evaluation
+from grpo.assembly.run import (Evaluation, Finished, Loaded, Run, assemble, assemble_command,
+                               assemble_evaluation)
 from grpo.config import ConfigError
 from grpo.inputs import Agent, Data, RewardUse, accuracy_text, agent_of, call_format_of, prompt_texts
 
-__all__ = ["assemble", "Run", "Finished", "assemble_evaluation", "Evaluation", "Data", "Agent", "RewardUse", "ConfigError",
+__all__ = ["assemble", "Run", "Finished", "assemble_evaluation", "Evaluation",
+           "assemble_command", "Loaded", "Data", "Agent", "RewardUse", "ConfigError",
            "load_data", "with_given", "load_model_and_tokenizer", "given_model", "add_lora",
            "set_checkpointing", "seed_everything", "run_dir_of", "run_settings", "run_weights",
            "make_learner", "make_sampler", "cold_start", "resume_or_cold_start",

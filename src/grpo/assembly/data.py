@@ -89,7 +89,9 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses. `given`
     holds rows given to train() in Python, by key (`dataset`, `eval_dataset`; with_given).
     `held_out_only` (`grpo eval`): the training rows are neither read nor made (train_rows and
-    demonstrations empty), so a run whose training file is gone is still evaluated."""
+    demonstrations empty), so a run whose training file is gone is still evaluated.
+    Longer than about 60 lines: the order a run's rows, rewards, golds and agent are read in, said
+    once."""
     d = config.data
     columns = Columns(d.prompt_column, d.answer_column, d.tests_column, d.entry_point_column,
                       d.image_column)

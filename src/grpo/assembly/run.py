@@ -146,29 +146,60 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                first, accuracy)
 
 
+# The commands that load a model and do not train: which rows each reads, and whether it samples
+# (then the engine is checked and the prompts fitted to the model's context, as training does).
+COMMANDS = {   # command -> (rows, samples)
+    "eval": ("held_out", True),       # the held-out rows only: a run whose training file is gone
+    "explain": ("all", True),
+    "sft": ("demonstrations", False),   # golds unchecked: the cold start reads no answers
+}
+
+
 @dataclass(frozen=True)
-class Evaluation:
-    """What `grpo eval` needs, assembled: the held-out rows, the model and the sampler that
-    training's evaluation would use (the same keys honoured: sampler=vllm samples on vLLM)."""
+class Loaded:
+    """A command's rows and model, assembled as a run's are."""
     config: TrainConfig
     data: Data
     policy: object
     tokenizer: object
+
+
+def assemble_command(command: str, config: TrainConfig, *, run_dir: Path | None = None,
+                     said: Callable[[str], None] | None = None,
+                     log: Callable[[str], None] = print) -> Loaded:
+    """The rows and model of `grpo eval`, `explain` or `sft` (COMMANDS), with training's checks
+    in training's order (checks.py): the config's choices and engine before any load, images
+    and prompt lengths once the model is loaded. `said` gets what is told while the rows load
+    (eval shows it once the model has loaded, so that an error then is one line alone);
+    `run_dir` is where a tiny model is built (None: a temporary directory)."""
+    rows, samples = COMMANDS[command]
+    seed_everything(config.run.seed)
+    check_choices(config)
+    if samples:
+        check_engine(config)
+    data = load_data(config, log=said, check_golds_now=command != "sft",
+                     held_out_only=rows == "held_out")
+    if rows == "held_out" and not data.eval_rows:
+        raise ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
+    policy, tokenizer = load_model_and_tokenizer(config, run_dir)
+    check_images(config, tokenizer, data)
+    if samples:
+        fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None), data,
+                    log)
+    return Loaded(config, data, policy, tokenizer)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What `grpo eval` needs, assembled: the held-out rows, the model and the sampler that
+    training's evaluation would use (the same keys honoured: sampler=vllm samples on vLLM)."""
+    loaded: Loaded
     sampler: object
 
 
 def assemble_evaluation(config: TrainConfig, said: Callable[[str], None],
                         log: Callable[[str], None]) -> Evaluation:
-    """The evaluation of `config`'s model on its held-out rows, checks in training's order (the
-    config's choices and engine before any load; images and prompt lengths once the model is
-    loaded). `said` holds what is told before the model loads (an error then is one line alone)."""
-    check_choices(config)
-    check_engine(config)
-    data = load_data(config, log=said, held_out_only=True)   # no training rows
-    if not data.eval_rows:
-        raise ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
-    policy, tokenizer = load_model_and_tokenizer(config, None)
-    check_images(config, tokenizer, data)
-    fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
-    sampler = make_sampler(config, policy, tokenizer, data.agent, log=log)
-    return Evaluation(config, data, policy, tokenizer, sampler)
+    """`grpo eval`'s rows, model (assemble_command) and the sampler training evaluates with."""
+    loaded = assemble_command("eval", config, said=said, log=log)
+    return Evaluation(loaded, make_sampler(config, loaded.policy, loaded.tokenizer,
+                                           loaded.data.agent, log=log))

@@ -113,20 +113,18 @@ def cmd_launch(args: list[str], options: dict) -> None:
 
 
 def cmd_sft(args: list[str], options: dict) -> None:
+    from pathlib import Path
     from grpo import assembly
     from grpo.run.checkpoint import run_lock, save_model_dir
-    from grpo.assembly import cold_start
-    from pathlib import Path
     config = _config(args)
     if not config.run.sft_steps:
         raise assembly.ConfigError("config key 'sft_steps' is 0 (with dataset= unless set): nothing to "
-                                "tune; set sft_steps=N")
+                                   "tune; set sft_steps=N")
     run_dir = Path(config.run.output_dir)
     with run_lock(run_dir):   # as grpo train: one run writes a directory at a time
-        data = assembly.load_data(config, check_golds_now=False)
-        policy, tokenizer = assembly.load_model_and_tokenizer(config, run_dir)
-        cold_start(config, policy, tokenizer, data, print, save_to=run_dir)
-        path = save_model_dir(policy, tokenizer, run_dir / "final")
+        loaded = assembly.assemble_command("sft", config, run_dir=run_dir)
+        assembly.cold_start(config, loaded.policy, loaded.tokenizer, loaded.data, print, save_to=run_dir)
+        path = save_model_dir(loaded.policy, loaded.tokenizer, run_dir / "final")
     print(f"model directory: {path}")
 
 
@@ -139,7 +137,7 @@ def cmd_eval(args: list[str], options: dict) -> None:
     run = assemble_evaluation(config, said.append, to_stderr)
     for line in said:
         to_stderr(line)
-    sampler, tokenizer, data = run.sampler, run.tokenizer, run.data
+    sampler, tokenizer, data = run.sampler, run.loaded.tokenizer, run.loaded.data
     rows_file = results_file(setup, options.get("out"))
     say_replacing(rows_file)
     results: list[dict] = []

@@ -125,18 +125,14 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
     """Sample, score, normalize and update on one prompt (`row` of the data, counted from 1 as
     in the file, or `prompt`); every intermediate number, as a dict. The step is training's own
     (step.grpo_step), watched by a Recorder."""
-    from grpo.assembly import cold_start, make_learner, with_fresh_adapter
-
-    assembly.seed_everything(c.run.seed)
-    assembly.check_choices(c)
-    data = assembly.load_data(c)
+    loaded = assembly.assemble_command("explain", c, log=log)
+    data, policy, tok = loaded.data, loaded.policy, loaded.tokenizer
     rows = [{"prompt": prompt, "answer": answer}] if prompt is not None else [pick_row(c, data, row)]
-    policy, tok = assembly.load_model_and_tokenizer(c, None)
     notes = []
     if c.run.sft_steps and data.demonstrations:
-        cold_start(c, policy, tok, data, log)
+        assembly.cold_start(c, policy, tok, data, log)
         if hasattr(policy, "peft_config"):   # LoRA: the cold start merged in, as in a run
-            policy = with_fresh_adapter(c, policy.merge_and_unload())
+            policy = assembly.with_fresh_adapter(c, policy.merge_and_unload())
     elif c.run.sft_steps:
         notes.append(f"sft_steps={c.run.sft_steps}, but no cold start: the data has no "
                      "demonstrations (a dataset's `completion` column), so the model is as loaded")
@@ -147,7 +143,7 @@ def explain_group(c: TrainConfig, *, prompt: str | None = None, answer: str | No
                      "pi_old is the policy that sampled, as at step 1")
     # every update is shown, a non-finite one too (stepped: False): none stops the explanation
     c = dataclasses.replace(c, optim=dataclasses.replace(c.optim, max_skipped_updates=c.optim.num_iterations))
-    learner = make_learner(c, policy, tok, data.agent)
+    learner = assembly.make_learner(c, policy, tok, data.agent)
     recorder = Recorder(c, learner.policy, learner.plan)
     rollout, _ = grpo_step(c, learner, OneGroup(c, learner, tok, data, rows), data.agent, recorder)
     mb, mb_tokens = c.optim.micro_batch_size, c.optim.micro_batch_tokens

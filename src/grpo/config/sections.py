@@ -4,6 +4,9 @@ Every key is unique across the sections, so a YAML file and `key=value` override
 `grpo train run.yaml group_size=16 lr=1e-5`. The defaults are the built-in demo: a tiny model, cold
 start on the `largest` task's demonstrations, then GRPO. The string under each field is its help
 text; `grpo train --help` and docs/config.md read it from here.
+
+Longer than about 400 lines: every config key with its docstring, which is `--help` and
+docs/config.md.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ The tests come from the dataset's own columns, in the formats the public benchma
 How a pass is told from a forged one is in docs/sandbox.md; in short, expected values stay in this
 process wherever the format allows (stdin/stdout and call cases, `assert X == LITERAL`), and the
 rest runs under checks for tampering that score 0 when they fire.
+
+Longer than about 400 lines: the benchmarks' test formats and the rewrite of asserts that keeps
+expected values in the trainer: one threat model, read in one file.
 """
 
 from __future__ import annotations

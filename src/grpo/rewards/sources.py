@@ -15,7 +15,7 @@ import urllib.parse
 
 import torch
 
-from grpo.rewards import RewardError, Unscored
+from grpo.rewards.contract import RewardError, Unscored
 from grpo.run.http import post
 
 

@@ -17,6 +17,8 @@ when no completion holds one, the held-out accuracy without evaluations, the epi
 single-turn run. The page also holds each run's config.yaml; legends sit under their plots. With
 several runs, a panel is drawn when any run can fill it, and its caption
 names the runs that cannot, and why.
+
+Longer than about 400 lines: the report's figures and its text.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ def _series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
 def _plot_panels(runs: list[tuple[str, list[dict], list[dict], dict]], out: Path
                  ) -> tuple[dict[str, Path], dict[str, dict[str, str]]]:
     """The panels' PNGs, and for each panel the runs that cannot fill it with the reason
-    (a panel no run can fill has no PNG)."""
+    (a panel no run can fill has no PNG).
+    Longer than about 60 lines: one figure's panels, one after another."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -23,6 +23,9 @@ the environment like any other); an episode ends when the environment says so, w
 a call has no environment to answer it, after `max_turns`, or at `episode_tokens`. An episode cut by
 a limit (`max_turns`, `episode_tokens`, or a turn cut at `turn_tokens` that nothing answers) is
 `truncated`, handled like a truncated completion (`mask_truncated`, overlong shaping).
+
+Longer than about 400 lines: multi-turn episodes on either engine: one state machine of turns, tool
+calls and observations.
 """
 
 from __future__ import annotations

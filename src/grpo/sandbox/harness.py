@@ -23,6 +23,9 @@ Three modes, chosen by the trainer from the row's test format (code.py):
 
 Results leave on a duplicate of the original stdout, once, as one line that starts with a nonce
 the trainer chose; the program's own stdout goes to /dev/null (tests, calls) or to a file (stdio).
+
+Longer than about 400 lines: it is the program the sandbox runs: its source goes whole to `python
+-I -S -c`, standard library only, so it cannot import modules of its own.
 """
 
 import builtins
@@ -585,7 +588,10 @@ def start_program_process():
 
 def run_tests(job, send, link_fds):
     """The `tests` mode: the program in its own process (started by main()), then the dataset's
-    rewritten test program here."""
+    rewritten test program here.
+    Longer than about 60 lines: the tests' process from fork to its one result line, in the order
+    the isolation needs (fork the program, drop privileges, read the job, answer calls); helpers
+    would pass the descriptors around."""
     flags: list = []
     records = {"lit": {}, "ran": {}}
     link = Link(*link_fds, flags)
@@ -720,7 +726,9 @@ def run_calls(job, send):
 
 
 def run_stdio(job, send):
-    """The `stdio` mode: each case in a forked child; this process never runs the program."""
+    """The `stdio` mode: each case in a forked child; this process never runs the program.
+    Longer than about 60 lines: one forked child per case, its descriptors set up in order before
+    the completion runs."""
     import signal
     import time
     try:  # the cases' processes, of the same user id, cannot open our descriptors or memory

@@ -5,39 +5,6 @@ start (a completion, or for an agent task a list of (context, completion) turns)
 own reward functions, and an agent task its tools.
 """
 
-from __future__ import annotations
+from grpo.data.tasks.registry import TASKS, TaskSpec, get_task
 
-from dataclasses import dataclass
-from typing import Callable
-
-from grpo.config import ConfigError
-from grpo.data.tasks.addition import AdditionTask
-from grpo.data.tasks.calculator import CalculatorTask
-from grpo.data.tasks.countdown import CountdownTask
-from grpo.data.tasks.largest import LargestTask
-from grpo.data.tasks.shapes import ShapesTask
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    make: Callable[[], object]
-    summary: str
-
-
-TASKS: dict[str, TaskSpec] = {
-    "addition": TaskSpec("addition", AdditionTask, "a+b= with two-digit numbers; answer the sum"),
-    "largest": TaskSpec("largest", LargestTask, "the largest of four distinct digits"),
-    "countdown": TaskSpec("countdown", CountdownTask,
-                          "reach a target from three numbers with + - * /, each used once"),
-    "calculator": TaskSpec("calculator", CalculatorTask,
-                           "a three-digit times a two-digit number, with a calculator tool"),
-    "shapes": TaskSpec("shapes", ShapesTask,
-                       "count the shapes in a 32x32 picture (1-4); needs a vision-language model"),
-}
-
-
-def get_task(name: str):
-    if name not in TASKS:
-        raise ConfigError(f"config key 'task': unknown task {name!r}; built-ins are {sorted(TASKS)}")
-    return TASKS[name].make()
+__all__ = ["TASKS", "TaskSpec", "get_task"]
