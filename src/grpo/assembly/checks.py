@@ -61,9 +61,10 @@ def check_choices(config: TrainConfig) -> None:
 
 def check_world(c: TrainConfig, world: distributed.World) -> None:
     """What several processes cannot do yet, or cannot split evenly, said before any work."""
-    client = plan_of(c).groups == "client"
+    groups = plan_of(c).groups
+    client = groups == "client"
     shares = world.size * (1 if client else max(1, c.pipeline.rollout_workers))
-    if c.pipeline.async_steps and c.sampling.prompts_per_step % shares:
+    if groups != "inline" and c.sampling.prompts_per_step % shares:
         raise ConfigError(
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
             f"number of rollout workers ({shares}: "
@@ -74,7 +75,7 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
                           "not supported yet (the tower runs once per prompt, before the sharded "
                           "forward, and is gathered only for it); use parallel=ddp, or keep the "
                           "tower frozen")
-    if c.pipeline.async_steps and not client and c.run.parallel == "fsdp" and distributed.initialized():
+    if groups == "workers" and c.run.parallel == "fsdp" and distributed.initialized():
         raise ConfigError("config key 'parallel': fsdp with forked rollout workers is not "
                           "supported (a fork cannot take part in the shards' collectives); set "
                           "rollout_workers=0 (a thread of each trainer samples) or sample on vLLM")
@@ -84,7 +85,7 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
         raise ConfigError(
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "
             f"number of processes ({world.size}): each process takes whole groups")
-    if c.sampling.dynamic_sampling and c.pipeline.async_steps and not client:
+    if c.sampling.dynamic_sampling and groups == "workers":
         preset = f" (set by algorithm={c.run.algorithm})" if c.run.algorithm == "dapo" else ""
         raise ConfigError(f"config key 'dynamic_sampling'{preset} with async_steps is not supported "
                           "and forked rollout workers on more than one process (each trainer's "

@@ -108,7 +108,7 @@ def make_learner(c: TrainConfig, policy, tokenizer, agent: Agent | None = None,
     optimizer = make_optimizer(policy, c.optim.lr, c.optim.weight_decay)
     # with async_steps the engines sample in the pipeline's client; the learner's sampler only
     # evaluates, with grpo's own sampler on the policy
-    own = "hf" if c.pipeline.async_steps else None
+    own = "hf" if plan.groups != "inline" else None
     return Learner(
         policy=policy, ref=ref,
         sampler=make_sampler(c, policy, tokenizer, agent, None if own else engine, kind=own,
