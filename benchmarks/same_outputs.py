@@ -7,11 +7,13 @@ the first checkout is resumed by the second, and must end as the first's unbroke
 
     python benchmarks/same_outputs.py BEFORE_DIR AFTER_DIR            # the runs, shortened
     python benchmarks/same_outputs.py BEFORE_DIR AFTER_DIR --full     # the demos as the README runs them
+    .venv-vllm/bin/python benchmarks/same_outputs.py BEFORE AFTER --full --only vllm   # on vLLM
 
 BEFORE_DIR and AFTER_DIR are checkouts (git worktree add /tmp/before <commit>); each is run with
 its own `src/` first on PYTHONPATH, in this environment. Runs: the demo, the agent demo
 (examples/agent-calculator.yaml), the vision demo (task=shapes), async_steps=1, and two processes
-under torchrun; then the resume of an async_steps=1 checkpoint. One line per run, `same` or what
+under torchrun; then the resume of an async_steps=1 checkpoint; and where vLLM is installed, the
+README's `grpo train model=tiny sampler=vllm steps=20` (its engine in the training process). One line per run, `same` or what
 differs; the exit status is 1 if any differs.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,6 +37,7 @@ RUNS = {   # name -> (launcher, arguments), the shortened ones' extra keys after
     "async_steps=1": ([], ["async_steps=1"]),
     "two processes": (["-m", "torch.distributed.run", "--nproc-per-node", "2"], ["prompts_per_step=16"]),
 }
+VLLM_RUN = ("sampler=vllm", ["model=tiny", "sampler=vllm", "steps=20"])   # the README's command
 CLOCKS = ("tokens/s", "pipeline/publish_s", "pipeline/trainer_wait_s", "pipeline/worker_wait_s")
 RESUME = "an async_steps=1 checkpoint of the first, killed in step 3, resumed by the second"
 
@@ -82,14 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     with tempfile.TemporaryDirectory(prefix="grpo-same-") as tmp:
         root = Path(tmp)
-        for name, (launcher, args) in RUNS.items():
+        runs = dict(RUNS)
+        if importlib.util.find_spec("vllm") is not None:
+            runs[VLLM_RUN[0]] = ([], VLLM_RUN[1])
+        for name, (launcher, args) in runs.items():
             if options.only not in name:
                 continue
             args = args + ([] if options.full else SHORT)
             key = name.replace(" ", "-").replace("=", "")
             try:
-                grpo(before, launcher, args, root / f"{key}-before")
-                grpo(after, launcher, args, root / f"{key}-after")
+                env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if name == VLLM_RUN[0] else None
+                grpo(before, launcher, args, root / f"{key}-before", env=env)
+                grpo(after, launcher, args, root / f"{key}-after", env=env)
                 problem = differences(root / f"{key}-before", root / f"{key}-after")
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 problem = str(e)
