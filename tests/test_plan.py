@@ -36,7 +36,14 @@ def test_the_correction_and_where_groups_come_from():
     assert plan(tis_cap=2.0).correction == ("tis", 2.0, 0.0)
     assert plan(correction="icepop", correction_cap=5.0, correction_cap_low=0.5).correction == ("icepop", 5.0, 0.5)
     decoupled = plan(async_steps=2, proximal="decoupled", correction_cap=3.0)
-    assert (decoupled.correction, decoupled.groups, decoupled.async_steps) == (("is", 3.0, 0.0), "pipeline", 2)
+    assert (decoupled.correction, decoupled.groups, decoupled.async_steps) == (("is", 3.0, 0.0), "workers", 2)
+    # where the groups come from: forked workers only for grpo's own sampler with rollout_workers > 0
+    assert plan(async_steps=1, rollout_workers=0).groups == "client"       # a thread of the trainer
+    assert plan(async_steps=1, rollout_workers=2).groups == "workers"
+    assert plan(async_steps=1, sampler="vllm").groups == "client"
+    assert plan(async_steps=1, sampler="vllm_server", vllm_url=["http://h:1"]).groups == "client"
+    assert plan(async_steps=0, sampler="vllm").groups == "inline"
+
 
 
 def test_a_new_outer_iteration_resets_the_reference_every_ref_reset_every_steps():
