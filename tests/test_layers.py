@@ -14,8 +14,8 @@ LAYERS = [
     ("vocabulary", {"config", "rollout"}),
     ("algorithm", {"algorithm"}),
     ("infrastructure", {"vision", "sandbox", "models", "data", "rewards", "agents", "run"}),
-    ("steps", {"sampling", "inputs", "update", "sft", "step"}),
-    ("composition", {"assembly", "evaluate", "pipeline", "train", "commands", "__main__"}),
+    ("steps", {"sampling", "inputs", "update", "sft", "step", "evaluate"}),
+    ("composition", {"assembly", "pipeline", "train", "commands", "__main__"}),
 ]
 PURE = LAYERS[1][1]
 MOST_MODULES = 8   # in one package, its __init__ left out

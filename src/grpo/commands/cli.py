@@ -129,8 +129,8 @@ def cmd_sft(args: list[str], options: dict) -> None:
 
 
 def cmd_eval(args: list[str], options: dict) -> None:
-    from grpo.assembly import assemble_evaluation
-    from grpo.evaluate import eval_setup, evaluate, progress, results_file, say_replacing
+    from grpo.assembly import assemble_evaluation, eval_setup, results_file
+    from grpo.evaluate import evaluate, progress, say_replacing
     said: list[str] = []                 # shown once the model loads: an error is one line alone
     setup = eval_setup(*_checked_args(args), log=said.append)   # a run: its weights and settings
     config = setup.config
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 from grpo.commands.explain import config_for
                 config = config_for(*_checked_args(rest))[0]
             elif command == "eval":     # a run named: its weights and settings
-                from grpo.evaluate import eval_setup
+                from grpo.assembly import eval_setup
                 config = eval_setup(*_checked_args(rest)).config
             else:
                 config = _config(rest)
