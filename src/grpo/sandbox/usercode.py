@@ -44,14 +44,20 @@ def import_user_module(name: str):
         if here not in sys.path:
             sys.path.append(here)               # last: for the module's own imports of its neighbours
         if spec.origin is not None:             # a file or a package (a plain directory is not taken first)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[top] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[top]
-                raise
+            _executed(spec, top)
     return importlib.import_module(name)
+
+
+def _executed(spec, name: str):
+    """The module of `spec`, run under `name` in sys.modules (left out again if it raises)."""
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def import_user_file(path: str):
@@ -67,14 +73,7 @@ def import_user_file(path: str):
     folder = os.path.dirname(real)
     if folder not in sys.path:
         sys.path.append(folder)                 # last: for the file's own imports of its neighbours
-    spec = importlib.util.spec_from_file_location(name, real)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    module = _executed(importlib.util.spec_from_file_location(name, real), name)
     _FILES[name] = real
     return module
 
