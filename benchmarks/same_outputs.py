@@ -7,6 +7,7 @@ the first checkout is resumed by the second, and must end as the first's unbroke
 
     python benchmarks/same_outputs.py BEFORE_DIR AFTER_DIR            # the runs, shortened
     python benchmarks/same_outputs.py BEFORE_DIR AFTER_DIR --full     # the demos as the README runs them
+    python benchmarks/same_outputs.py BEFORE_DIR AFTER_DIR --full --side-by-side   # both at once
     .venv-vllm/bin/python benchmarks/same_outputs.py BEFORE AFTER --full --only vllm   # on vLLM
 
 BEFORE_DIR and AFTER_DIR are checkouts (git worktree add /tmp/before <commit>); each is run with
@@ -24,9 +25,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SHORT = ["steps=4", "eval_every=2", "eval_size=16", "sft_steps=20", "save_every=2"]
@@ -45,6 +48,10 @@ RESUME = "an async_steps=1 checkpoint of the first, killed in step 3, resumed by
 def grpo(checkout: Path, launcher: list[str], args: list[str], out: Path, timeout: float = 1800,
          env: dict | None = None) -> None:
     env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
+    if "torch.distributed.run" in launcher:   # a port of its own: two checkouts may run at once
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            launcher = [*launcher, f"--master-port={s.getsockname()[1]}"]
     command = [sys.executable, *launcher, "-m", "grpo", "train", *args, f"output_dir={out}"]
     done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
@@ -81,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("after", type=Path)
     parser.add_argument("--full", action="store_true", help="the demos as the README runs them")
     parser.add_argument("--only", default="", help="the runs whose name holds this text")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="run each pair's two checkouts at once (each with one thread: on two "
+                             "cores, about half the time; only the outputs are compared, not times)")
     options = parser.parse_args(argv)
     before, after = options.before.resolve(), options.after.resolve()
     failed = 0
@@ -96,8 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             key = name.replace(" ", "-").replace("=", "")
             try:
                 env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if name == VLLM_RUN[0] else None
-                grpo(before, launcher, args, root / f"{key}-before", env=env)
-                grpo(after, launcher, args, root / f"{key}-after", env=env)
+                pair = [(before, root / f"{key}-before"), (after, root / f"{key}-after")]
+                if options.side_by_side:
+                    with ThreadPoolExecutor(2) as pool:
+                        list(pool.map(lambda side: grpo(side[0], launcher, args, side[1], env=env), pair))
+                else:
+                    for checkout, out in pair:
+                        grpo(checkout, launcher, args, out, env=env)
                 problem = differences(root / f"{key}-before", root / f"{key}-after")
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 problem = str(e)
