@@ -113,8 +113,7 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     if model is not None:
         policy, tokenizer = given_model(c, model, tokenizer, log)
     else:
-        policy, tokenizer = load_model_and_tokenizer(c, run_dir if write_files else None, log,
-                                                           world)
+        policy, tokenizer = load_model_and_tokenizer(c, run_dir if write_files else None, log, world)
     distributed.broadcast_parameters(policy, world)
     check_pipeline(c, None, policy)
     check_images(c, tokenizer, data)
