@@ -8,8 +8,10 @@ weights (the `engine` fixture puts them back), so the order of the tests does no
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -459,12 +461,62 @@ def test_a_server_killed_mid_run_stops_the_run_with_a_clear_error(engine_model_d
         assert (run_dir / "checkpoints").is_dir()   # groups, which the dead server may not have drawn)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_grpo_launch_reaches_the_trainer_which_keeps_a_checkpoint(tmp_path, signum):
+    """SIGTERM (kill, timeout, a scheduler) or SIGINT (Ctrl-C: the terminal's group is launch's,
+    the trainer has its own) sent to `grpo launch` alone: the trainer finishes its step (a reward
+    of 1 s a batch makes steps long), writes a checkpoint and stops with 128 + N, and launch stops
+    the server after it. Before, SIGTERM killed the trainer at once and SIGINT SIGKILLed it 0.25 s
+    later: no checkpoint, every step since the last periodic one lost."""
+    from grpo.commands.launch import free_port
+    (tmp_path / "slowreward.py").write_text(
+        "import time\n"
+        "def slow(prompts, completions, **columns):\n"
+        "    time.sleep(1.0)\n"
+        "    return [float(len(c) % 2) for c in completions]\n")
+    port, run_dir = free_port(), tmp_path / "run"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    files_before = weights_files()
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "grpo", "launch", "model=tiny", "steps=400", "sft_steps=0",
+         "eval_every=0", "save_every=0", "prompts_per_step=2", "group_size=4", "max_new_tokens=8",
+         "threads=1", "rewards=[slowreward:slow]", f"output_dir={run_dir}", "--port", str(port)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        deadline = time.time() + 900
+        while not metrics.is_file() or len(metrics.read_text().splitlines()) < 2:
+            assert launch.poll() is None and time.time() < deadline, launch.stderr.read()[-3000:]
+            time.sleep(0.2)
+        launch.send_signal(signum)                               # to launch alone
+        stderr = launch.communicate(timeout=600)[1]
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 128 + signum, stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    kept = sorted(int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").glob("step-*"))
+    assert kept == [steps[-1]] and steps[-1] >= 2, (kept, steps)        # the last step, kept
+    assert f"stopped by {signal.Signals(signum).name} after step {steps[-1]}/400" in stderr
+    assert "Traceback" not in stderr
+    assert weights_files() == files_before             # the weights sent to the server: removed
+    import socket
+    with socket.socket() as s:                                       # the server is stopped
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def weights_files() -> set[str]:
+    """The weights folders a trainer writes for its servers (VLLMServerEngine) in /dev/shm."""
+    return {p.name for p in Path("/dev/shm").glob("grpo-weights-*")}
+
+
 def test_grpo_launch_runs_the_readmes_command(tmp_path):
     """`grpo launch model=tiny ...` as the README gives it: the server up, the run on it, the
     server stopped afterwards (its port is free again)."""
     from grpo.commands.launch import free_port
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    files_before = weights_files()
     done = subprocess.run([sys.executable, "-m", "grpo", "launch", "model=tiny", "steps=3",
                            "sft_steps=10", "eval_every=0", "save_every=0", "tis_cap=2.0",
                            f"output_dir={tmp_path}", "--port", str(port)], capture_output=True, text=True, env=env, timeout=900)
@@ -478,6 +530,7 @@ def test_grpo_launch_runs_the_readmes_command(tmp_path):
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
             and f"--port\0{port}\0".encode() in _cmdline(p)]
     assert left == []                                                 # and no server process is left
+    assert weights_files() == files_before          # the weights it sent to the server: removed
 
 
 def _cmdline(proc: Path) -> bytes:

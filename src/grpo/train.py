@@ -82,7 +82,7 @@ def _train(config: TrainConfig, **given) -> RunResult:
     if isinstance(run, Finished):
         return finished_run(run.config, run.checkpoint, run.log)
     c, learner, log = run.config, run.learner, run.log
-    with closing_on_error(NullTracker(), run.groups):   # the workers stop if the files cannot be written
+    with closing_on_error(NullTracker(), run.groups, learner.sampler):   # the workers stop if the files cannot be written
         write_run_files(run)
         tracker = (RunTracker(run.run_dir, purge_step=run.kept + 1, report_to=c.run.report_to,
                               config=c.flat()) if run.write_files else NullTracker())
@@ -96,7 +96,7 @@ def _train(config: TrainConfig, **given) -> RunResult:
     if evaluating and run.first == 1:
         accuracy = evaluate_now(run, record, 0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
-    with closing_on_error(tracker, run.groups), resume.StopOnSignal(log) as stop, \
+    with closing_on_error(tracker, run.groups, learner.sampler), resume.StopOnSignal(log) as stop, \
             Progress("step", c.run.steps, log, c.run.log_every, start=run.first - 1) as bar:
         for step in range(run.first, c.run.steps + 1):
             if learner.plan.reset_reference_before(step):   # a new outer iteration
@@ -158,13 +158,14 @@ def save(run: Run, step: int, accuracy: float) -> None:
 
 
 def finish(run: Run, tracker) -> None:
-    """The pipeline stopped, the trackers closed, then rank 0 alone writes final/ and the
-    report, and uploads final/ with push_to_hub."""
+    """The pipeline stopped, the sampler and the trackers closed, then rank 0 alone writes
+    final/ and the report, and uploads final/ with push_to_hub."""
     c, policy, run_dir = run.config, run.learner.policy, run.run_dir
     if run.groups is not None:
         run.groups.close()
         if run.write_files:
             resume.write_timeline(run_dir, run.groups.timeline)
+    run.learner.sampler.close()    # an engine it made, a server's weights files in /dev/shm
     gathered = distributed.full_state_dict(policy) if distributed.is_sharded(policy) else None
     tracker.close()
     # The run's last collective: what follows is rank 0's alone (files, the upload), so a failure
@@ -278,14 +279,17 @@ def newest_checkpoint_said(run_dir: Path) -> str:
 
 
 @contextmanager
-def closing_on_error(tracker, groups=None):
-    """Close the trackers (finishing a W&B or MLflow run) and stop the rollout workers when the
-    loop stops on an error."""
+def closing_on_error(tracker, groups=None, sampler=None):
+    """Close the trackers (finishing a W&B or MLflow run), stop the rollout workers and close the
+    learner's sampler (an engine it made, a server's weights files) when the loop stops on an
+    error or a signal."""
     try:
         yield
     except BaseException:
         if groups is not None:
             groups.close()
+        if sampler is not None:
+            sampler.close()
         try:
             tracker.close()
         except OSError:

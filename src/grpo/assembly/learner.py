@@ -129,6 +129,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
     sends the weights, and `barrier` (default: all processes') holds the others around it."""
     s = c.sampling
     kind = kind or s.sampler
+    made = engine is None       # an engine made here is closed with the sampler; a given one is not
     cut = sampler_own_keys(s)
     if agent is not None and cut:      # a task's own tools make an agent run without `tools`
         raise ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
@@ -170,6 +171,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
     sampler = EngineSampler(engine, tokenizer, max_new_tokens=s.max_new_tokens,
                             temperature=s.temperature, top_p=s.top_p, seed=c.run.seed,
                             sleep=s.vllm_sleep, agent=agent)
+    sampler.owns_engine = made
     if agent is not None:
         sampler.call_format = call_format_of(c, tokenizer, agent)
     if sync:

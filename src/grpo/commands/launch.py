@@ -11,7 +11,13 @@
     4. `grpo train ... sampler=vllm_server vllm_url=http://127.0.0.1:P`, or under torchrun with
        --nproc-per-node N
     5. stop the server, whether the trainer ended, failed or was interrupted; exit with the
-       trainer's status
+       trainer's status (128 + N for a trainer stopped by signal N)
+
+The trainer runs in a process group of its own. SIGINT (Ctrl-C), SIGTERM (`kill`, `timeout`, a
+scheduler, a container stop) and SIGHUP (a lost terminal) sent to `grpo launch` are passed to every
+process of that group (under torchrun, its workers too) as SIGINT or SIGTERM: the trainer finishes
+its step, writes a checkpoint and stops, and launch waits for it before it stops the server. A
+second signal stops the trainer at once (SIGKILL).
 
 The two-terminal form, for a server on another machine or kept between runs, is in
 docs/guides/scaling-out.md.
@@ -136,15 +142,50 @@ def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | N
             trainer = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                        "-m", "grpo", "train"]
         run_args = ([path] if path else []) + overrides + ["sampler=vllm_server", f"vllm_url={url}"]
-        done = subprocess.run(trainer + run_args)
-        if done.returncode != 0 and server.poll() is not None:
+        done = run_trainer(trainer + run_args, say)
+        if done != 0 and server.poll() is not None:
             say(f"grpo launch: the vLLM server had exited ({server.returncode}); the end of its "
                 f"log ({log_path}):\n{tail(log_path)}")
-        return done.returncode
+        return done
     finally:
         stop(server)
-        if done is not None and done.returncode == 0:
+        if done == 0:
             shutil.rmtree(work, ignore_errors=True)   # else the server's log stays, named above
+
+
+PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
+             signal.SIGHUP: signal.SIGTERM}   # the trainer stops on SIGINT and SIGTERM alike
+
+
+def run_trainer(command: list[str], say=print) -> int:
+    """The trainer's exit status (128 + N when a signal N ended it), with the signals launch
+    receives passed to its process group (the module docstring); launch's own handlers are put
+    back afterwards."""
+    trainer = subprocess.Popen(command, start_new_session=True)
+    received: list[int] = []
+
+    def pass_on(signum, frame):
+        received.append(signum)
+        first = len(received) == 1
+        try:
+            os.killpg(trainer.pid, PASSED_ON[signum] if first else signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        name = signal.Signals(signum).name
+        say(f"grpo launch: {name} passed to the trainer, which finishes its step, writes a "
+            "checkpoint and stops; the server is stopped after it (the same signal again stops "
+            "the trainer at once)" if first else f"grpo launch: {name} again: the trainer is killed")
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in PASSED_ON}
+    try:
+        code = trainer.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if trainer.poll() is None:          # launch itself is failing: the trainer goes with it
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    return 128 - code if code < 0 else code
 
 
 def _has_vllm() -> bool:

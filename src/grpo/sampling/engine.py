@@ -236,6 +236,7 @@ class EngineSampler:
         sample multi-turn episodes, each turn a request whose prompt is the episode's token ids
         so far (the engine's prefix cache holds the history)."""
         self.engine, self.tokenizer = engine, tokenizer
+        self.owns_engine = False    # made for this sampler (closed with it), not given to it
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.seed, self.sleep_between, self.agent = seed, sleep, agent
         self.call_format = None     # a tools.CallFormat set by the trainer (chat-template results)
@@ -252,6 +253,13 @@ class EngineSampler:
         self.placeholders = (placeholder,) if isinstance(placeholder, int) else ()
 
     # -- the engine's life around the update ---------------------------------------------------
+    def close(self) -> None:
+        """Close the engine when it was made for this sampler (a server's weights files go with
+        it); a given engine is left open."""
+        if self.owns_engine:
+            self.owns_engine = False
+            self.engine.close()
+
     def sleep(self) -> None:
         if self.sleep_between and not self.asleep:
             self.engine.sleep()

@@ -48,6 +48,10 @@ class Sampler(Protocol):
     def health(self) -> str | None:
         """None when it can sample; else what is wrong with its engine, in words."""
 
+    def close(self) -> None:
+        """Let go of what it made for itself (an engine it started, a server's weights files);
+        an engine given to it is left open."""
+
 
 class SharesThePolicy:
     """The engine's life of a sampler that samples from the policy module itself: there are no
@@ -68,6 +72,9 @@ class SharesThePolicy:
     def health(self) -> str | None:
         """None: the policy itself is always there."""
         return None
+
+    def close(self) -> None:
+        """Nothing of its own to let go of."""
 
 
 def eos_ids(eos_token_id: int | list[int], device=None) -> torch.Tensor:
