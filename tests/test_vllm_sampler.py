@@ -63,7 +63,7 @@ def test_every_sampler_of_the_package_is_a_whole_sampler(tiny):
     from grpo.sampling.engine import EngineSampler
     methods = [n for n, v in vars(Sampler).items() if inspect.isfunction(v) and not n.startswith("_")]
     settings = list(Sampler.__annotations__)
-    assert set(methods) == {"sample", "sync", "sleep", "wake", "device", "health"}
+    assert set(methods) == {"sample", "sync", "sleep", "wake", "device", "health", "close"}
     assert {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty"} <= set(settings)
     modules = [grpo.sampling] + [importlib.import_module(f"grpo.sampling.{m.name}")
                                  for m in pkgutil.iter_modules(grpo.sampling.__path__)]
@@ -85,3 +85,23 @@ def test_every_sampler_of_the_package_is_a_whole_sampler(tiny):
         sampler.sync(model)
         device = sampler.device()
         assert device == next(model.parameters()).device and sampler.health() is None
+        sampler.close()                 # nothing of its own: the model samples on after it
+        assert sampler.health() is None
+
+
+def test_a_sampler_closes_the_engine_it_made_and_leaves_a_given_one_open(tiny):
+    # The trainer closes its sampler on every exit; only an engine made for the run goes with it
+    # (a server engine's weights files in /dev/shm), never one given to train(engine=...).
+    from types import SimpleNamespace
+    from grpo.sampling.engine import EngineSampler
+    _, tok = tiny
+    closed = []
+    engine = SimpleNamespace(close=lambda: closed.append(1))
+    given = EngineSampler(engine, tok, max_new_tokens=4)
+    given.close()
+    assert closed == []
+    made = EngineSampler(engine, tok, max_new_tokens=4)
+    made.owns_engine = True
+    made.close()
+    made.close()                        # a second close (an error after finish) closes nothing more
+    assert closed == [1]
