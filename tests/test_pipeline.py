@@ -455,9 +455,11 @@ def test_dynamic_sampling_with_async_steps_on_two_trainers_equals_one(tiny_model
     run equals one process up to DDP's summation order, refills and dropped groups included."""
     from test_distributed import ARGS as DDP_ARGS, torchrun
     from test_distributed import run as run_cmd
+    # a reward that differs within every group from step 1: where a step's advantages are all 0
+    # its true gradient is 0, and AdamW turns FSDP2's rounding of that 0 (1e-8) into a full step
     (tmp_path / "often_equal.py").write_text(
         "def has_a(prompts, completions, **columns):\n"
-        "    return [float('a' in c) for c in completions]\n")
+        "    return [float(len(set(c))) for c in completions]\n")
     args = [f"model={tiny_model_dir}", *DDP_ARGS, "rewards=[often_equal:has_a]", "async_steps=1",
             "rollout_workers=0", "dynamic_sampling=true", "max_sampling_rounds=3", "seed=1",
             "report_to=[]"]
@@ -496,9 +498,11 @@ def test_async_steps_with_fsdp2_trainers_samples_what_ddp_trainers_do(tmp_path):
     FSDP2's reduction order."""
     from test_distributed import torchrun
     from test_distributed import run as run_cmd
+    # a reward that differs within every group from step 1: where a step's advantages are all 0
+    # its true gradient is 0, and AdamW turns FSDP2's rounding of that 0 (1e-8) into a full step
     (tmp_path / "often_equal.py").write_text(
         "def has_a(prompts, completions, **columns):\n"
-        "    return [float('a' in c) for c in completions]\n")
+        "    return [float(len(set(c))) for c in completions]\n")
     args = ["model=tiny", "task=addition", "prompts_per_step=4", "group_size=4", "max_new_tokens=6",
             "steps=3", "sft_steps=0", "eval_every=0", "seed=1", "threads=1", "lr=1e-3", "beta=0.04",
             "micro_batch_size=4", "rewards=[often_equal:has_a]", "async_steps=1", "rollout_workers=0",
@@ -510,7 +514,7 @@ def test_async_steps_with_fsdp2_trainers_samples_what_ddp_trainers_do(tmp_path):
     fsdp, ddp = rows("fsdp"), rows("ddp")
     assert [r["pipeline/staleness_max"] for r in fsdp] == [0, 1, 1]
     assert [r["reward/mean"] for r in fsdp] == [r["reward/mean"] for r in ddp]
-    assert sum(r["reward/std"] for r in ddp) > 0                         # it learned something
+    assert all(r["reward/std"] > 0 for r in ddp)                         # every step learns
     for a, b in zip(fsdp, ddp):
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3, abs=1e-5)
-        assert a["kl"] == pytest.approx(b["kl"], rel=1e-2, abs=1e-4)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-4, abs=1e-9)
