@@ -64,9 +64,9 @@ def test_requests_are_shared_out_and_a_failed_engines_go_to_another_with_the_sam
 def test_weights_go_to_every_engine_once_and_one_that_fails_to_load_is_never_asked_again():
     lines, met = [], []
     a, b = SeededEngine("a"), SeededEngine("b", fail_load=True)
-    engines = Engines([a, b], log=lines.append, barrier=lambda: met.append("barrier"))
+    engines = Engines([a, b], log=lines.append, meet=lambda up: met.append("meet") or [up])
     engines.load_weights([], 3)
-    assert a.loads == [3] and engines.version == 3 and met == ["barrier", "barrier"]
+    assert a.loads == [3] and engines.version == 3 and met == ["meet", "meet"]
     assert lines == ["b failed loading weights (version 3) and is left out (1 of 2 left): b took half of version 3"]
     assert [g.token_ids for g in engines.generate(requests(2))] == [(3,), (10,)]   # a alone, version 3
     b.fail_load = False
@@ -74,9 +74,40 @@ def test_weights_go_to_every_engine_once_and_one_that_fails_to_load_is_never_ask
     assert b.loads == []                                    # half a version earlier: never again
     # a process other than 0 sends nothing, and waits as often as process 0 does
     quiet = SeededEngine("q")
-    other = Engines([quiet], sends=False, barrier=lambda: met.append("other"))
+    other = Engines([quiet], sends=False, meet=lambda up: met.append("other") or [up])
     other.load_weights([], 5)
     assert quiet.loads == [] and other.version == 5 and met.count("other") == 2
+
+
+def test_an_engine_one_process_left_out_is_left_out_by_every_process_from_that_version():
+    """Two trainer processes (two threads here, meeting as all_gather_object does): process 0's
+    load of b fails; process 1, which sends nothing, leaves b out at the same version and samples
+    on a alone."""
+    import threading
+    board, gate = [None, None], threading.Barrier(2, timeout=10)
+
+    def meet_as(rank):
+        def meet(up):
+            board[rank] = up
+            gate.wait()
+            everyones = list(board)
+            gate.wait()
+            return everyones
+        return meet
+    a0, b0 = SeededEngine("a"), SeededEngine("b", fail_load=True)
+    a1, b1 = SeededEngine("a"), SeededEngine("b")
+    said = []
+    first = Engines([a0, b0], meet=meet_as(0), log=lambda line: None)
+    second = Engines([a1, b1], sends=False, meet=meet_as(1), log=said.append)
+    sending = threading.Thread(target=first.load_weights, args=([], 3))
+    sending.start()
+    second.load_weights([], 3)
+    sending.join()
+    assert said == ["b failed loading weights (version 3) and is left out (1 of 2 left): "
+                    "another trainer process left it out"]
+    assert first.up == [a0] and second.up == [a1]
+    second.generate(requests(4))
+    assert b1.served == [] and a1.served == [0, 1, 2, 3]
 
 
 def test_one_engine_that_fails_to_load_stops_the_run_with_its_error():

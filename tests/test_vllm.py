@@ -628,6 +628,82 @@ def test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process(
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 2e-5
 
 
+class FailingLoads:
+    """A real HTTP server on loopback in front of a real vLLM server: it passes every request on,
+    but answers 500 to the `fail_from`-th weight load and every later one, and counts the
+    completion requests that reach it after the first it failed."""
+
+    def __init__(self, target: str, fail_from: int):
+        import http.server
+        import threading
+        import urllib.error
+        import urllib.request
+        self.loads, self.after, lock = 0, 0, threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, status: int, body: bytes):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _pass(self, body: bytes | None):
+                with lock:
+                    if self.path == "/collective_rpc":
+                        proxy.loads += 1
+                        if proxy.loads >= fail_from:
+                            return self._answer(500, b'{"error": "a load that fails"}')
+                    elif self.path == "/v1/completions" and proxy.loads >= fail_from:
+                        proxy.after += 1
+                request = urllib.request.Request(target + self.path, data=body, method=self.command,
+                                                 headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(request, timeout=300) as r:
+                        return self._answer(r.status, r.read())
+                except urllib.error.HTTPError as e:
+                    return self._answer(e.code, e.read())
+
+            def do_GET(self):
+                self._pass(None)
+
+            def do_POST(self):
+                self._pass(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_server_that_fails_a_load_is_left_out_by_every_trainer_process(
+        session_server, second_server, engine_model_dir, tmp_path):
+    """vllm_url=[a,b] under torchrun with 2 trainer processes, b failing its second weight load
+    (version 1) and every later one: process 0, which sends, leaves b out, and so does process 1
+    from the same version on (no completion request reaches b after it failed); the run equals
+    the same two processes on a alone."""
+    grpo_train(engine_model_dir, [session_server.url], tmp_path / "alone", "steps=4", torchrun=2)
+    b = FailingLoads(second_server.url, fail_from=2)
+    try:
+        done = grpo_train(engine_model_dir, [session_server.url, b.url], tmp_path / "two", "steps=4",
+                          torchrun=2)
+    finally:
+        b.close()
+    out = done.stdout + done.stderr
+    assert b.loads == 2 and b.after == 0, (b.loads, b.after)
+    assert f"the vLLM server at {b.url} failed loading weights (version 1)" in out
+    assert repeatable(tmp_path / "two") == repeatable(tmp_path / "alone")
+    w1, w2 = final_weights(tmp_path / "alone"), final_weights(tmp_path / "two")
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
 def test_a_server_that_dies_mid_run_is_left_out_and_the_run_is_unchanged(
         session_server, second_server, engine_model_dir, tmp_path):
     """Two servers, the second SIGKILLed once step 1 is logged: its requests go to the first

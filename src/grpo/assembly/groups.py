@@ -71,7 +71,6 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: Data, stre
     pair = None
     if client:
         model = client_model if client_model is not None else copy.deepcopy(learner.policy)
-        barrier = None
         if world.size > 1:
             # the processes' clients meet in a group of their own, away from the trainers'
             # collectives: around each weight load of the servers they share, and in each round
@@ -81,9 +80,7 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: Data, stre
             import torch.distributed as dist
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=p.transfer_timeout_s))
             world = distributed.World(world.rank, world.size, group)
-            if c.sampling.sampler == "vllm_server":
-                barrier = lambda: dist.barrier(group=group)  # noqa: E731
-        sampler = make_sampler(c, model, tokenizer, data.agent, engine, sync=False, barrier=barrier,
+        sampler = make_sampler(c, model, tokenizer, data.agent, engine, sync=False,
                                world=world, log=log)
         where = getattr(getattr(sampler, "engine", None), "name", None) or "grpo's own sampler"
         log(f"async_steps={p.async_steps}: step t's groups are sampled on {where} from the weights "

@@ -120,13 +120,14 @@ def make_learner(c: TrainConfig, policy, tokenizer, agent: Agent | None = None,
 
 
 def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, engine=None,
-                 *, kind: str | None = None, sync: bool = True, barrier=None,
+                 *, kind: str | None = None, sync: bool = True, meet=None,
                  world: distributed.World | None = None, log=print):
     """The HF sampler on the policy itself, or an engine with weights of its own (vLLM in this
     process: `sampling/vllm.py`, vLLM servers, or `engine` when one is given) loaded from the
     same weights (`sync`); with tools or an environment, either samples episodes. `kind`: the
     sampler, when not the config's. Servers are shared by every trainer process: process 0
-    sends the weights, and `barrier` (default: all processes') holds the others around it."""
+    sends the weights, and `meet` (default: all processes' gather) holds the others around it and
+    makes every process leave out the servers any has left out."""
     s = c.sampling
     kind = kind or s.sampler
     made = engine is None       # an engine made here is closed with the sampler; a given one is not
@@ -155,10 +156,10 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
                                         weights_dir=s.vllm_weights_dir or None) for url in s.vllm_url]
         except EngineError as e:
             raise ConfigError(f"config key 'vllm_url': {e}") from None
-        if barrier is None and world.size > 1:
-            import torch.distributed as dist
-            barrier = dist.barrier
-        engine = Engines(servers, sends=world.is_main, barrier=barrier, log=log)
+        if meet is None and world.size > 1:     # in `world`'s group (the clients' own, async)
+            def meet(up):
+                return distributed.gather_objects(up, world)
+        engine = Engines(servers, sends=world.is_main, meet=meet, log=log)
     if engine is None:
         from grpo.sampling.vllm import VLLMEngine, VLLMUnavailable
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy

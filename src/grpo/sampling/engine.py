@@ -95,17 +95,19 @@ class Engines:
                   carries its seed and every engine holds the same version, so it draws the same
                   tokens there), and the failed engine is left out from then on
     load_weights  the same version into every engine up; under several trainer processes,
-                  `barrier` (every process calls it at the same points) holds each until all have
-                  finished sampling with the old version, process 0 alone sends, and none samples
-                  again until every engine holds the new one. An engine whose load fails is left
-                  out: it may hold half of a version, and is never asked again.
+                  `meet` (every process calls it at the same points, with the engines it has up,
+                  and gets every process's) holds each until all have finished sampling with the
+                  old version, process 0 alone sends, and none samples again until every engine
+                  holds the new one. An engine whose load fails is left out: it may hold half of
+                  a version, and is never asked again, by any process: at each meeting every
+                  process leaves out what any process has left out.
     """
 
-    def __init__(self, engines: list, *, sends: bool = True, barrier=None, log=print):
+    def __init__(self, engines: list, *, sends: bool = True, meet=None, log=print):
         if not engines:
             raise EngineError("no engine to sample on")
         self.engines, self.up = list(engines), list(engines)
-        self.sends, self.barrier, self.log = sends, barrier, log
+        self.sends, self.meet, self.log = sends, meet, log
         self.version = min(e.version for e in engines)
         self.lora_rank = min(e.lora_rank for e in engines)
         limits = [e.max_model_len for e in engines if e.max_model_len is not None]
@@ -155,11 +157,20 @@ class Engines:
     def load_adapter(self, path: str, version: int) -> None:
         self._each(lambda e: e.load_adapter(path, version), version, "loading an adapter")
 
+    def _agree(self, what: str) -> None:
+        """Meet the other trainer processes; leave out every engine that any of them left out."""
+        if self.meet is None:
+            return
+        everyones = self.meet([self.engines.index(e) for e in self.up])
+        kept = set.intersection(*(set(up) for up in everyones))
+        for engine in [e for e in self.up if self.engines.index(e) not in kept]:
+            self._down(engine, EngineError("another trainer process left it out"), what)
+
     def _each(self, load, version: int, what: str) -> None:
-        if self.barrier is not None:
-            self.barrier()    # every process has finished sampling with the old version
+        # every process has finished sampling with the old version, and all leave out the same
+        self._agree(f"{what} (version {version})")
+        engines = self._alive(f"{what} (version {version})")
         if self.sends:
-            engines = self._alive(f"{what} (version {version})")
             for engine in engines:     # one at a time: each reads the same tensors
                 try:
                     load(engine)
@@ -167,9 +178,8 @@ class Engines:
                     if len(self.engines) == 1:
                         raise
                     self._down(engine, e, f"{what} (version {version})")
-            self._alive(f"{what} (version {version})")
-        if self.barrier is not None:
-            self.barrier()    # ... and none samples before every engine holds the new one
+        self._agree(f"{what} (version {version})")   # ... none samples before every engine holds
+        self._alive(f"{what} (version {version})")   # the new one, and none uses one left out
         self.version = version
 
     def sleep(self) -> None:
