@@ -8,6 +8,7 @@ weights (the `engine` fixture puts them back), so the order of the tests does no
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -505,6 +506,65 @@ def test_a_signal_to_grpo_launch_reaches_the_trainer_which_keeps_a_checkpoint(tm
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_weights_left_behind():
+    """After every test here (runs ended, failed, signalled and SIGKILLed among them), no
+    grpo-weights-* folder of theirs is left in /dev/shm."""
+    before = weights_files()
+    yield
+    assert weights_files() - before == set()
+
+
+def small_tmpfs(where: Path, size: str):
+    """A real tmpfs of `size` mounted at `where` (a container's /dev/shm is 64 MB), or a skip
+    where this process may not mount one."""
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    return where
+
+
+def test_a_full_weights_dir_is_one_line_naming_it_and_the_space_needed(session_server, engine_model_dir,
+                                                                       tmp_path):
+    """vllm_weights_dir on a 1 MiB tmpfs: the run stops before writing, in one line naming the
+    key, the directory and the MiB the weights need (before: safetensors' own error escaped, left
+    the partial file, and the run ended in a traceback, status 1)."""
+    shm = small_tmpfs(tmp_path / "shm", "1m")
+    try:
+        done = grpo_train(engine_model_dir, [session_server.url], tmp_path / "run", "async_steps=0",
+                          f"vllm_weights_dir={shm}", expect=2)
+        lines = done.stderr.strip().splitlines()
+        assert "Traceback" not in done.stderr
+        assert re.search(rf"vllm_weights_dir: version 0's weights for the vLLM server at .* need "
+                         rf"\d+ MiB in {shm}, which has 1 MiB free", lines[-1]), lines[-1]
+        assert [p for p in shm.rglob("*") if p.is_file()] == []          # no partial file left
+    finally:
+        subprocess.run(["umount", str(shm)])
+
+
+def test_a_write_the_device_refuses_is_an_engine_error_and_leaves_no_partial_file(session_server,
+                                                                                  engine_model_dir, tmp_path):
+    """Room enough, but the device refuses the file (a tmpfs with no inode left answers ENOSPC):
+    safetensors' own error becomes an EngineError naming the directory and the key, which the run
+    stops on in one line or fails over from (before: it escaped `except OSError`, no failover,
+    status 1 with a traceback)."""
+    from grpo.models import load_policy
+    from grpo.sampling.engine import EngineError, weights_of
+    from grpo.sampling.vllm import VLLMServerEngine
+    shm = small_tmpfs(tmp_path / "shm", "64m,nr_inodes=2")    # its root and the engine's folder
+    try:
+        engine = VLLMServerEngine(session_server.url, timeout_s=120, weights_dir=str(shm))
+        with pytest.raises(EngineError, match=r"\(vllm_weights_dir\) failed: .*No space left on device"):
+            engine.load_weights(weights_of(load_policy(str(engine_model_dir))), version=0)
+        assert list(Path(engine.weights_dir).iterdir()) == []
+        engine.close()
+        assert list(shm.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(shm)])
+
+
 def weights_files() -> set[str]:
     """The weights folders a trainer writes for its servers (VLLMServerEngine) in /dev/shm."""
     return {p.name for p in Path("/dev/shm").glob("grpo-weights-*")}
@@ -594,9 +654,13 @@ def test_async_on_a_server_repeats_and_a_sigkilled_run_resumes_to_the_same_weigh
     first = load_file(engine_model_dir / "model.safetensors")
     assert max((start[k] - first[k]).abs().max().item() for k in first) > 1e-4     # it trained
     kill_at = random.Random(os.environ.get("GRPO_TEST_SEED", "39")).randint(2, 5)
+    before = weights_files()
     grpo_train(engine_model_dir, urls, tmp_path / "k", "save_every=1",
                env={"GRPO_FAULT_KILL_AT": f"rollout:{kill_at}"}, expect=-9)
-    grpo_train(engine_model_dir, urls, tmp_path / "k", "save_every=1", "resume=auto")
+    (left,) = weights_files() - before                   # the SIGKILLed run's, named for its pid
+    resumed = grpo_train(engine_model_dir, urls, tmp_path / "k", "save_every=1", "resume=auto")
+    assert left not in weights_files()                   # swept by the next run on this machine
+    assert f"removed the weights a run no longer running left: /dev/shm/{left}" in resumed.stdout
     assert repeatable(tmp_path / "k") == a, f"killed at the {kill_at}th sampling"
     killed = final_weights(tmp_path / "k")
     assert all(torch.equal(killed[k], start[k]) for k in start), f"killed at the {kill_at}th sampling"

@@ -147,11 +147,14 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
     from grpo.sampling.engine import EngineError, EngineSampler
     if engine is None and kind == "vllm_server":
         from grpo.sampling.engine import Engines
-        from grpo.sampling.vllm import VLLMServerEngine
+        from grpo.sampling.vllm import VLLMServerEngine, sweep_weights
         world = world or distributed.World()
         try:
             if s.vllm_weights_dir:
                 Path(s.vllm_weights_dir).mkdir(parents=True, exist_ok=True)
+            if world.is_main:          # what runs killed on this machine left in RAM or on disk
+                for left in sweep_weights(s.vllm_weights_dir or "/dev/shm"):
+                    log(f"removed the weights a run no longer running left: {left}")
             servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s,
                                         weights_dir=s.vllm_weights_dir or None) for url in s.vllm_url]
         except EngineError as e:

@@ -19,6 +19,7 @@ Nothing here is imported unless a run asks for vLLM; the package and its other t
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from typing import Iterable
 
@@ -197,6 +198,42 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
                           f"not JSON: {text[:200]!r}") from None
 
 
+WEIGHTS_PREFIX = "grpo-weights-"
+
+
+def sweep_weights(parent: str) -> list[str]:
+    """Remove the weight directories that runs on this machine left in `parent` (/dev/shm unless
+    vllm_weights_dir) when they were killed: those named for a process of this machine that no
+    longer runs. Returns what was removed, with its size."""
+    import re
+    import shutil
+    removed = []
+    if not os.path.isdir(parent):
+        return removed
+    for entry in sorted(os.listdir(parent)):
+        named = re.fullmatch(rf"{WEIGHTS_PREFIX}(\d+)@(.+)-[^-]+", entry)
+        if not named or named.group(2) != socket.gethostname() or _running(int(named.group(1))):
+            continue
+        where = os.path.join(parent, entry)
+        try:
+            size = sum(f.stat().st_size for f in os.scandir(where) if f.is_file())
+        except OSError:            # another process of this run swept it first
+            continue
+        shutil.rmtree(where, ignore_errors=True)
+        removed.append(f"{where} ({size / 2**20:.1f} MiB)")
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:        # another user's process
+        return True
+    return True
+
+
 class VLLMServerEngine:
     """A `vllm serve` process reached over HTTP (`sampler=vllm_server`, `vllm_url=`): token ids in
     and out through its OpenAI completions endpoint (one request per row, each with its seed),
@@ -220,8 +257,11 @@ class VLLMServerEngine:
         self.model = models["data"][0]["id"]
         self.max_model_len = models["data"][0].get("max_model_len")
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        # a fresh directory of its own (removed by close), under `weights_dir` when given
-        self.weights_dir = tempfile.mkdtemp(prefix="grpo-weights-", dir=weights_dir or shm)
+        # a fresh directory of its own (removed by close), under `weights_dir` when given, named
+        # for this process and machine so that a later run can sweep it if this one is SIGKILLed
+        self.weights_parent = weights_dir or shm or tempfile.gettempdir()
+        self.weights_dir = tempfile.mkdtemp(prefix=f"{WEIGHTS_PREFIX}{os.getpid()}@{socket.gethostname()}-",
+                                            dir=self.weights_parent)
         self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="vllm-request")
 
     def _get(self, path: str, what: str):
@@ -263,24 +303,35 @@ class VLLMServerEngine:
         self.version = version
 
     def _send(self, weights, version: int) -> None:
+        import shutil
+
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
         path = os.path.join(self.weights_dir, "model.safetensors")
         partial = path + ".partial"
+        tensors, seen = {}, set()
+        for name, t in weights:
+            t = t.detach().to("cpu").contiguous()
+            # tied weights (embeddings and head): vLLM's reload wants both names, and
+            # safetensors refuses two names on one storage, so the second is a copy
+            tensors[name] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
+        need = sum(t.numel() * t.element_size() for t in tensors.values()) + 2**20   # and the header
+        free = shutil.disk_usage(self.weights_dir).free    # the last version stays until replaced
+        if free < need:
+            raise EngineError(f"vllm_weights_dir: version {version}'s weights for {self.name} need "
+                              f"{need / 2**20:.0f} MiB in {self.weights_parent}, which has "
+                              f"{free / 2**20:.0f} MiB free; free some, or set vllm_weights_dir= to "
+                              "a directory with room (a container's /dev/shm is often 64 MB: "
+                              "docker run --shm-size)")
         try:
-            tensors, seen = {}, set()
-            for name, t in weights:
-                t = t.detach().to("cpu").contiguous()
-                # tied weights (embeddings and head): vLLM's reload wants both names, and
-                # safetensors refuses two names on one storage, so the second is a copy
-                tensors[name] = t.clone() if t.data_ptr() in seen else t
-                seen.add(t.data_ptr())
             save_file(tensors, partial)
             os.replace(partial, path)
-        except OSError as e:
-            if os.path.exists(partial):
+        except (OSError, SafetensorError) as e:
+            if os.path.lexists(partial):
                 os.remove(partial)
             raise EngineError(f"writing version {version}'s weights for {self.name} to "
-                              f"{self.weights_dir} failed: {e}") from None
+                              f"{self.weights_dir} (vllm_weights_dir) failed: {e}") from None
         _post(self.url + "/collective_rpc",
               {"method": "reload_weights", "kwargs": {"weights_path": self.weights_dir}},
               self.timeout_s, f"weight version {version} ({os.path.getsize(path) / 2**20:.1f} MiB "
