@@ -300,6 +300,13 @@ def parse_flags(command: str, args: list[str]) -> tuple[dict, list[str]]:
     options, rest, i = {}, [], 0
     while i < len(args):
         arg = args[i]
+        if arg.startswith("--") and "=" in arg and arg.split("=", 1)[0] in spec:   # --port=8000
+            name, given = arg.split("=", 1)
+            if spec[name][0] is None:
+                raise UsageError(f"{name} is a switch and takes no value: {name}")
+            options[name[2:]] = given
+            i += 1
+            continue
         if arg.startswith("--"):
             if arg not in spec:
                 have = ", ".join(spec) or "none"

