@@ -506,6 +506,45 @@ def test_a_signal_to_grpo_launch_reaches_the_trainer_which_keeps_a_checkpoint(tm
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def test_weights_another_client_loads_into_the_server_stop_the_run_in_one_line(session_server,
+                                                                               engine_model_dir, tmp_path):
+    """Two clients of one server (a second run pointed at it): a run whose server no longer holds
+    the weights it loaded stops in one line, naming the other process on this machine that sends
+    weights to servers (before: both ran on and exited 0, the first's engine/trainer log-prob gap
+    0.27-0.37, nothing said)."""
+    from grpo.models import load_policy
+    from grpo.sampling.engine import weights_of
+    from grpo.sampling.vllm import VLLMServerEngine
+    from test_distributed import REWARD
+    run_dir = tmp_path / "a"
+    (tmp_path / "shaped.py").write_text(REWARD)
+    trainer = subprocess.Popen([sys.executable, "-m", "grpo", "train", f"model={engine_model_dir}",
+                                f"vllm_url={session_server.url}", *ASYNC, "async_steps=0", "steps=40",
+                                f"output_dir={run_dir}"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    policy = load_policy(str(engine_model_dir))
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    other = VLLMServerEngine(session_server.url, timeout_s=120)     # the second run's client
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / "metrics.jsonl").is_file() and trainer.poll() is None:
+            assert time.time() < deadline
+            time.sleep(0.1)
+        while trainer.poll() is None and time.time() < deadline:
+            other.load_weights(weights_of(policy), version=0)
+            time.sleep(0.3)
+    finally:
+        other.close()
+    _, err = trainer.communicate(timeout=300)
+    assert trainer.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert "no longer holds the weights this run loaded into it" in last, last
+    assert f"pid {os.getpid()}" in last and "Traceback" not in err
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_weights_left_behind():
     """After every test here (runs ended, failed, signalled and SIGKILLed among them), no

@@ -179,7 +179,9 @@ class Engines:
                         raise
                     self._down(engine, e, f"{what} (version {version})")
         self._agree(f"{what} (version {version})")   # ... none samples before every engine holds
-        self._alive(f"{what} (version {version})")   # the new one, and none uses one left out
+        for engine in self._alive(f"{what} (version {version})"):   # the new one, none uses one left out
+            if not self.sends and hasattr(engine, "loaded"):
+                engine.loaded(version)     # process 0 loaded it: what this process checks against
         self.version = version
 
     def sleep(self) -> None:

@@ -224,6 +224,30 @@ def sweep_weights(parent: str) -> list[str]:
     return removed
 
 
+PROBE = tuple(range(3, 19))   # token ids every vocabulary has: the weights' fingerprint
+PROBE_TOLERANCE = 0.02        # log-prob; 16-bit batch variance is far under, another run's weights far over
+
+
+def other_runs(parent: str) -> str:
+    """"; other runs on this machine that send weights to servers: pid N (its command)", or ""."""
+    import re
+    found = []
+    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        named = re.fullmatch(rf"{WEIGHTS_PREFIX}(\d+)@(.+)-[^-]+", entry)
+        if not named or named.group(2) != socket.gethostname():
+            continue
+        pid = int(named.group(1))
+        if pid == os.getpid() or not _running(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            command = "?"
+        found.append(f"pid {pid} ({command[:160]})")
+    return f"; other runs on this machine that send weights to vLLM servers: {', '.join(found)}" if found else ""
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -252,6 +276,7 @@ class VLLMServerEngine:
         from concurrent.futures import ThreadPoolExecutor
         self.url, self.timeout_s, self.version = url.rstrip("/"), timeout_s, -1
         self.lora_rank = 0      # LoRA: the merged weights are sent
+        self.held: tuple[int, list[float]] | None = None   # (version, its probe's log-probs)
         self.name = f"the vLLM server at {self.url}"
         models = self._get("/v1/models", "the model list")
         try:
@@ -306,13 +331,52 @@ class VLLMServerEngine:
         return Generated(ids, logprobs, choice.get("finish_reason") == "length")
 
     def generate(self, requests: list[Request]) -> list[Generated]:
-        return list(self.pool.map(self._one, requests))
+        """The completions, between two checks that the server still holds this run's weights
+        (another client may load its own into it: a second run pointed at the same server)."""
+        self._check_held("before sampling")
+        out = list(self.pool.map(self._one, requests))
+        self._check_held("while sampling")
+        return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Send the weights (under torchrun `Engines` has process 0 alone call this, and holds
         the others until the server has them)."""
         self._send(weights, version)
+        self.loaded(version)
+
+    def loaded(self, version: int) -> None:
+        """The server holds `version` now (this process sent it, or process 0 did): its probe's
+        log-probs are what later checks compare with."""
         self.version = version
+        self.held = (version, self._probe())
+
+    def _probe(self) -> list[float]:
+        """The server's log-probs of a fixed token sequence (PROBE), its weights' fingerprint."""
+        answer = _post(self.url + "/v1/completions",
+                       {"model": self.model, "prompt": list(PROBE), "max_tokens": 1,
+                        "temperature": 0.0, "prompt_logprobs": 0, "seed": 0},
+                       self.timeout_s, "the check of the weights it holds", self.url)
+        try:
+            values = []
+            for token, entry in zip(PROBE[1:], answer["choices"][0]["prompt_logprobs"][1:]):
+                chosen = entry.get(str(token)) or next(iter(entry.values()))
+                values.append(float(chosen["logprob"] if isinstance(chosen, dict) else chosen))
+            return values
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError, StopIteration):
+            raise EngineError(f"{self.name} answered the check of its weights (prompt_logprobs) "
+                              f"not as vLLM does: {str(answer)[:200]!r}") from None
+
+    def _check_held(self, when: str) -> None:
+        if self.held is None:
+            return
+        version, then = self.held
+        gap = max(abs(a - b) for a, b in zip(self._probe(), then))
+        if gap > PROBE_TOLERANCE:
+            raise EngineError(
+                f"{self.name} no longer holds the weights this run loaded into it (version "
+                f"{version}): {when}, its log-probs of a fixed probe had moved by up to {gap:.3g} "
+                f"since. Another client loaded other weights into it{other_runs(self.weights_parent)}."
+                " A server serves one run: give each run its own (grpo launch starts one)")
 
     def _send(self, weights, version: int) -> None:
         import shutil
