@@ -1,5 +1,6 @@
 """The chunked, selective log-prob head against the plain full-logits computation."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -290,3 +291,49 @@ def test_mixed_precision_needs_float32_weights():
         build_config({"mixed_precision": "bf16", "dtype": "bfloat16"})
     with pytest.raises(ConfigError, match="'mixed_precision' must be no or bf16"):
         build_config({"mixed_precision": "fp8"})
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_the_samplers_gap_to_the_trainer_is_logged_on_every_step_without_a_correction(
+        tiny_model_dir, tmp_path, num_iterations):
+    """sampler/logp_diff, the mean |log pi_sampler - log pi_old| over the drawn tokens, with no
+    correction set: measured by the first update where pi_old is the update's own log-probs
+    (num_iterations=1), by the pass before the updates where pi_old is recomputed (2). grpo's own
+    sampler draws from the trainer's weights: rounding only."""
+    from grpo.config import build_config
+    from grpo.train import train
+    config = build_config({"model": str(tiny_model_dir), "steps": 3, "sft_steps": 0,
+                           "prompts_per_step": 2, "group_size": 4, "eval_every": 0, "threads": 1,
+                           "num_iterations": num_iterations, "lr": 1e-3, "save_every": 0,
+                           "rewards": ["exact_answer"], "output_dir": str(tmp_path)})
+    lines = []
+    result = train(config, log=lines.append)
+    diffs = [m["sampler/logp_diff"] for m in result.history]
+    assert len(diffs) == 3 and all(0 <= d < 1e-5 for d in diffs), diffs
+    assert not any("sampler's log-probs" in line for line in lines)
+
+
+def test_a_sampler_that_draws_from_other_weights_is_measured_and_warned_once(tiny_model_dir, tmp_path,
+                                                                          monkeypatch):
+    """A sampler whose log-probs are the trainer's + 0.3 on every drawn token (as an engine with
+    weights of its own would be): sampler/logp_diff is 0.3 on every step (to rounding), and the
+    run says once that the sampler is not sampling the weights being trained."""
+    from grpo.config import build_config
+    from grpo.sampling.own import HFSampler
+    from grpo.train import train
+    drawn = HFSampler.sample
+
+    def elsewhere(self, *args, **kwargs):
+        rollout = drawn(self, *args, **kwargs)
+        rollout.sampler_logprobs = rollout.sampler_logprobs + 0.3 * rollout.completion_mask
+        return rollout
+    monkeypatch.setattr(HFSampler, "sample", elsewhere)
+    config = build_config({"model": str(tiny_model_dir), "steps": 3, "sft_steps": 0,
+                           "prompts_per_step": 2, "group_size": 4, "eval_every": 0, "threads": 1,
+                           "lr": 1e-3, "save_every": 0, "rewards": ["exact_answer"],
+                           "output_dir": str(tmp_path)})
+    lines = []
+    result = train(config, log=lines.append)
+    assert [m["sampler/logp_diff"] for m in result.history] == pytest.approx([0.3] * 3, abs=1e-5)
+    said = [line for line in lines if "the sampler's log-probs" in line]
+    assert len(said) == 1 and said[0].startswith("warning: step 1: ") and "by 0.3 per token" in said[0]

@@ -171,6 +171,11 @@ def rewards_to_advantages(c: TrainConfig, learner: Learner, rollout: Rollout, ag
     if (correction := learner.plan.correction) is not None:
         is_weights, correction_stats = off_policy_weights(rollout, *correction)
         extra.update(correction_stats)
+    elif (learner.plan.pi_old == "recomputed" and rollout.old_logprobs is not None
+          and rollout.sampler_logprobs is not None):   # else the first update measures it
+        mask = rollout.completion_mask.bool()
+        gap = (rollout.old_logprobs - rollout.sampler_logprobs).abs()[mask]
+        extra["sampler/logp_diff"] = gap.mean().item() if gap.numel() else 0.0
     selected = None
     if c.loss.loss_type in COVARIANCE_LOSSES:
         selected, selection_stats = covariance_selection(c, rollout, learner.world, learner.step)

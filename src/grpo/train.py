@@ -35,7 +35,8 @@ from grpo.rewards import RewardFn
 from grpo.run import distributed, resume
 from grpo.run.checkpoint import (CheckpointError, fault_point, run_lock, save_model_dir, step_dirs,
                                  storage_fault)
-from grpo.run.metrics import RunawayWatch, metrics_line, sample_records, unscored_warning
+from grpo.run.metrics import (RunawayWatch, metrics_line, sample_records, sampler_gap_warning,
+                              unscored_warning)
 from grpo.run.progress import Progress
 from grpo.run.tracking import NullTracker, RunTracker
 from grpo.step import TrainingError, grpo_step
@@ -98,6 +99,7 @@ def _train(config: TrainConfig, **given) -> RunResult:
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
     with closing_on_error(tracker, run.groups, learner.sampler), resume.StopOnSignal(log) as stop, \
             Progress("step", c.run.steps, log, c.run.log_every, start=run.first - 1) as bar:
+        gap_said = False
         for step in range(run.first, c.run.steps + 1):
             if learner.plan.reset_reference_before(step):   # a new outer iteration
                 update_reference(learner.ref, learner.policy, c.run.ref_update_rate)
@@ -108,6 +110,9 @@ def _train(config: TrainConfig, **given) -> RunResult:
             record(metrics, step)
             if (warning := unscored_warning(metrics, step)) is not None:
                 log(warning)
+            if not gap_said and (warning := sampler_gap_warning(metrics, step)) is not None:
+                log(warning + " (said once)")
+                gap_said = True
             tracker.samples(sample_records(rollout, step))
             if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
                 accuracy = evaluate_now(run, record, step, bar)

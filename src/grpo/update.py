@@ -166,6 +166,10 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
                                        repetition_penalty=part.repetition_penalty,
                                        completion_mask=part.completion_mask, visuals=part.visuals)
         old = part.old_logprobs if part.old_logprobs is not None else logp.detach()
+        if part.old_logprobs is None and part.sampler_logprobs is not None:   # pi_old is the
+            gap = (logp.detach() - part.sampler_logprobs).abs() * part.completion_mask   # update's own
+            totals["sampler/logp_diff"] = totals.get("sampler/logp_diff", 0.0) + gap.sum().item()
+            totals["sampler/logp_diff#n"] = totals.get("sampler/logp_diff#n", 0.0) + part.completion_mask.sum().item()
         loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages,
                                   part.tokens_in_loss, weights[rows][:, :T].to(device), settings,
                                   is_weights=None if is_weights is None else is_weights[rows][:, :T].to(device),

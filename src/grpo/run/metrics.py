@@ -203,6 +203,23 @@ class RunawayWatch:
         return "".join(f"  [{n}]" for n in notes)
 
 
+SAMPLER_GAP_WARNING = 0.05   # mean |log pi_sampler - log pi_old| per token
+
+
+def sampler_gap_warning(m: dict, step: int) -> str | None:
+    """A line for a step whose sampler drew its tokens with log-probs far from the trainer's
+    (sampler/logp_diff past SAMPLER_GAP_WARNING): the engine is not sampling the policy being
+    trained, and the update is off-policy without a correction."""
+    gap = m.get("sampler/logp_diff")
+    if gap is None or not gap > SAMPLER_GAP_WARNING:
+        return None
+    return (f"warning: step {step}: the sampler's log-probs of the tokens it drew differ from the "
+            f"trainer's by {gap:.3g} per token on average (sampler/logp_diff; over "
+            f"{SAMPLER_GAP_WARNING:g} is not rounding): it does not sample from the weights being "
+            "trained (an engine of another dtype or quantization, or weights it did not load). "
+            "Set tis_cap=2.0 to correct for a known gap (docs/algorithms.md, off-policy corrections)")
+
+
 def unscored_warning(m: dict, step: int) -> str | None:
     """A line for a step where no sample could be scored (every one unscorable): its reward is
     undefined and its update had no signal, which a mean of NaN in a progress line hides."""
