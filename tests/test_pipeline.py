@@ -518,3 +518,23 @@ def test_async_steps_with_fsdp2_trainers_samples_what_ddp_trainers_do(tmp_path):
     for a, b in zip(fsdp, ddp):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
         assert a["kl"] == pytest.approx(b["kl"], rel=1e-4, abs=1e-9)
+
+
+def test_an_async_run_resumed_from_its_last_checkpoint_can_be_extended(tiny_model_dir, tmp_path):
+    """async_steps=1, 3 steps, then resume=auto with steps=5: the last checkpoint (step 3) holds
+    no queued groups and no version older than 3, so step 4 samples from version 3 (staleness 0,
+    said in one line) and step 5 from version 3 as scheduled (staleness 1). Before: refused,
+    blaming async_steps, which the user kept."""
+    run = {**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path), "async_steps": 1,
+           "save_every": 1}
+    lines = []
+    train(build_config({**run, "steps": 3}), reward_fns=[varied], log=lines.append)
+    result = train(build_config({**run, "steps": 5, "resume": "auto"}), reward_fns=[varied],
+                   log=lines.append)
+    assert [m["step"] for m in result.history] == [4, 5]
+    assert [m["pipeline/staleness_max"] for m in result.history] == [0, 1]
+    assert ("async_steps=1: the checkpoint was written 0 step(s) before the end of the run it "
+            "belonged to, which kept no older weights: step(s) 4-4 sample from version 3 (staleness "
+            "0 instead of 1); from step 5 on, as scheduled") in lines
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]

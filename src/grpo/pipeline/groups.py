@@ -128,7 +128,7 @@ class _Client:
         loaded = -1
         try:
             for step in range(first, self.work.steps + 1):
-                need = version_for(step, self.work.k)
+                need = self.work.version_of(step)
                 waited = time.time()
                 if loaded != need:
                     load_parameters(self.model, self._version(need))
@@ -244,7 +244,18 @@ class Groups:
         self.snap = clone_parameters if client is not None else snapshot
         with distributed.full_parameters(work.policy):   # FSDP2: gathered on every process
             self.snapshots = {self.version: self.snap(work.policy)}
-        need = version_for(self.next, self.k)
+        scheduled = version_for(self.next, self.k)
+        if self.next <= work.steps and scheduled < self.version and len(self.queue) < self.k:
+            # written in the last k steps of a run that ended there, and extended (a larger
+            # steps=): no older version is left, so the next steps sample from this one
+            work.floor = self.version
+            fresher = [s for s in range(self.next, work.steps + 1) if version_for(s, self.k) < self.version]
+            log(f"async_steps={self.k}: the checkpoint was written {len(self.queue)} step(s) before "
+                f"the end of the run it belonged to, which kept no older weights: step(s) "
+                f"{fresher[0]}-{fresher[-1]} sample from version {self.version} (staleness "
+                f"{', '.join(str(s - 1 - self.version) for s in fresher)} instead of {self.k}); "
+                f"from step {fresher[-1] + 1} on, as scheduled")
+        need = self.work.version_of(self.next)
         if self.next <= work.steps and need not in self.snapshots:
             raise PipelineError(
                 f"step {self.next} trains on weight version {need}, which this checkpoint does not "
@@ -291,7 +302,7 @@ class Groups:
 
     def _catch_up(self, worker) -> None:
         """Send a (new) worker the version its first step needs and every later one held."""
-        need = version_for(self.next, self.k)
+        need = self.work.version_of(self.next)
         for v in sorted(self.snapshots):
             if need <= v <= self.last_needed:
                 worker.send_weights(v, self.snapshots[v])
@@ -299,7 +310,7 @@ class Groups:
     @property
     def last_needed(self) -> int:
         """The newest version any step of the run samples from."""
-        return version_for(self.work.steps, self.k)
+        return self.work.version_of(self.work.steps)
 
     def _replace(self, j: int, error: Exception) -> None:
         old = self.workers[j]
@@ -310,7 +321,7 @@ class Groups:
         self.restarts_left -= 1
         self.restarts += 1
         self.log(f"rollout worker {j} died ({error}); replacing it: step {self.next} is sampled "
-                 f"again from version {version_for(self.next, self.k)} with the same draws "
+                 f"again from version {self.work.version_of(self.next)} with the same draws "
                  f"(replacement {self.restarts})")
         self.workers[j] = self._start(j, old.generation + 1)
 
@@ -375,7 +386,7 @@ class Groups:
     def publish(self, step: int, policy) -> None:
         """The weights after step `step` are version `step`: kept, and sent where needed."""
         self.version = step
-        for old in [v for v in self.snapshots if v < version_for(step + 1, self.k)]:
+        for old in [v for v in self.snapshots if v < self.work.version_of(step + 1)]:
             del self.snapshots[old]
         if step > self.last_needed:
             return

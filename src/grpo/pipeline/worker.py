@@ -56,6 +56,13 @@ class Work:
     timeout_s: float
     draw: Callable | None = None        # (sampler, stream, step, share) -> rollout, not scored;
     score: Callable | None = None       # with these two a step is scored while the next is drawn
+    floor: int = 0                      # the oldest version there is: a run resumed from a
+                                        # checkpoint of its last k steps and extended has none older
+
+    def version_of(self, step: int) -> int:
+        """The version step `step` samples from: the schedule's (version_for), or the oldest
+        there is where the schedule's is older (the first steps after an extension)."""
+        return max(self.floor, version_for(step, self.k))
 
 
 def tag(rollout, version: int) -> None:
@@ -166,7 +173,7 @@ def serve(work: Work, index: int, generation: int, port: int, share: World) -> N
         scorer = ThreadPoolExecutor(1, "scorer") if work.draw is not None else None
         scoring = []
         for step in range(start["step"], work.steps + 1):
-            need = version_for(step, work.k)
+            need = work.version_of(step)
             waited = time.time()
             while version < need:
                 version = channel.recv_weights(model)
