@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -369,3 +370,19 @@ def test_dapo_groups_two_processes_cannot_share_are_counted_apart_from_dropped_o
     assert any(d % 2 for d in dropped)       # the case this test is for happened
     assert "sampling/unshared_groups" not in one[0] and "time/gather_s" not in one[0]
     assert all(m["time/gather_s"] >= 0 for m in two)
+
+
+def test_sampler_vllm_under_torchrun_is_refused_in_one_line_before_any_work(tmp_path):
+    """sampler=vllm would start an engine inside every trainer process; under torchrun it is
+    refused in one line naming the key and the shared form (grpo launch --nproc-per-node)."""
+    done = subprocess.run([*torchrun(2), "model=tiny", "sampler=vllm", "steps=1",
+                           f"output_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if line.startswith("grpo train: error:")]
+    assert said and all(line == said[0] for line in said)
+    assert not re.search(r'File ".*/grpo/[^"]*\.py"', done.stderr)   # torchrun's own report only
+    assert said[0].startswith("grpo train: error: config key 'sampler': vllm starts an engine "
+                              "inside each trainer process, and this run has 2")
+    assert "grpo launch --nproc-per-node 2" in said[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -731,6 +731,24 @@ def test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process(
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 2e-5
 
 
+def test_fsdp2_trainers_send_a_server_the_whole_weights_and_train_as_ddp_ones(session_server,
+                                                                              engine_model_dir, tmp_path):
+    """parallel=fsdp, 2 trainer processes, synchronous (async_steps=0) on a real server: the
+    weights are gathered from the shards before process 0 sends them, so the server samples what
+    it samples for DDP trainers (the same rewards; before: each process held only its shard, and
+    the engine was handed sharded tensors), and the updates agree to FSDP2's reduction order."""
+    for mode in ("ddp", "fsdp"):
+        grpo_train(engine_model_dir, [session_server.url], tmp_path / mode, "async_steps=0", "steps=3",
+                   f"parallel={mode}", torchrun=2)
+    ddp, fsdp = repeatable(tmp_path / "ddp"), repeatable(tmp_path / "fsdp")
+    assert [r["step"] for r in fsdp] == [1, 2, 3]
+    assert [r["reward/mean"] for r in fsdp] == [r["reward/mean"] for r in ddp]
+    assert all(r["reward/std"] > 0 for r in ddp)
+    for a, b in zip(fsdp, ddp):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["sampler/logp_diff"] < 1e-4
+
+
 class FailingLoads:
     """A real HTTP server on loopback in front of a real vLLM server: it passes every request on,
     but answers 500 to the `fail_from`-th weight load and every later one, and counts the

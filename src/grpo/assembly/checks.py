@@ -81,6 +81,11 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
                           "rollout_workers=0 (a thread of each trainer samples) or sample on vLLM")
     if world.size == 1:
         return
+    if c.sampling.sampler == "vllm":
+        raise ConfigError(f"config key 'sampler': vllm starts an engine inside each trainer process, "
+                          f"and this run has {world.size}: each would hold a whole model and its "
+                          "cache on the same devices. Serve it once and share it: grpo launch "
+                          f"--nproc-per-node {world.size} (sampler=vllm_server), or sampler=hf")
     if c.sampling.prompts_per_step % world.size:
         raise ConfigError(
             f"config key 'prompts_per_step' ({c.sampling.prompts_per_step}) must be divisible by the "

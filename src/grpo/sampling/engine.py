@@ -224,8 +224,13 @@ def weights_of(policy) -> list[tuple[str, torch.Tensor]]:
     state = model.state_dict()
     if vision.is_vision_model(model):   # the names its checkpoint has, which the engine reads
         state = checkpoint_names(model, state)
-    return [(name.replace("base_layer.", ""), tensor.detach()) for name, tensor in state.items()
+    # FSDP2 (parallel=fsdp): each DTensor gathered whole, on every process (all call this)
+    return [(name.replace("base_layer.", ""), _whole(tensor).detach()) for name, tensor in state.items()
             if "lora_" not in name]
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def checkpoint_names(model, state: dict) -> dict:

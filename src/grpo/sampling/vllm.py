@@ -288,9 +288,9 @@ class VLLMServerEngine:
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         # a fresh directory of its own (removed by close), under `weights_dir` when given, named
         # for this process and machine so that a later run can sweep it if this one is SIGKILLed
+        # (made at the first send: under torchrun, processes other than 0 send nothing)
         self.weights_parent = weights_dir or shm or tempfile.gettempdir()
-        self.weights_dir = tempfile.mkdtemp(prefix=f"{WEIGHTS_PREFIX}{os.getpid()}@{socket.gethostname()}-",
-                                            dir=self.weights_parent)
+        self.weights_dir: str | None = None
         self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="vllm-request")
 
     def _get(self, path: str, what: str):
@@ -381,8 +381,13 @@ class VLLMServerEngine:
     def _send(self, weights, version: int) -> None:
         import shutil
 
+        import tempfile
+
         from safetensors import SafetensorError
         from safetensors.torch import save_file
+        if self.weights_dir is None:
+            self.weights_dir = tempfile.mkdtemp(
+                prefix=f"{WEIGHTS_PREFIX}{os.getpid()}@{socket.gethostname()}-", dir=self.weights_parent)
         path = os.path.join(self.weights_dir, "model.safetensors")
         partial = path + ".partial"
         tensors, seen = {}, set()
@@ -435,4 +440,5 @@ class VLLMServerEngine:
     def close(self) -> None:
         import shutil
         self.pool.shutdown(wait=False)
-        shutil.rmtree(self.weights_dir, ignore_errors=True)
+        if self.weights_dir is not None:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
