@@ -112,3 +112,72 @@ def test_a_server_whose_answers_are_not_vllms_is_an_engine_error(models, complet
 def test_a_free_port_is_free():
     port = free_port()
     Answers({}, port).close()             # something can listen there
+
+
+def launch(*words, timeout=120):
+    return subprocess.run([sys.executable, "-m", "grpo", "launch", *words], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_launch_refuses_a_vllm_url_or_another_sampler_and_prints_the_config_it_runs(tmp_path):
+    """A given vllm_url= (a server of the user's own) or sampler= other than vllm_server is
+    refused in one line (before: dropped silently); --print-config shows the run as launch runs
+    it, on the server it starts (before: sampler: hf)."""
+    done = launch("model=tiny", "vllm_url=http://10.0.0.5:8000")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "grpo launch: error: config key 'vllm_url': grpo launch starts its own server and points the "
+        "run at it; for a server you started, run grpo train sampler=vllm_server "
+        "vllm_url=http://10.0.0.5:8000 (docs/guides/scaling-out.md)"]
+    done = launch("model=tiny", "sampler=hf")
+    assert done.returncode == 2 and "config key 'sampler': grpo launch samples on the vLLM server it " \
+        "starts (sampler=vllm_server), not sampler=hf" in done.stderr
+    done = launch("model=tiny", "sampler=vllm_server", "--print-config")
+    assert done.returncode == 0, done.stderr
+    assert "\nsampler: vllm_server\n" in done.stdout and "- http://127.0.0.1:PORT\n" in done.stdout
+
+
+def test_launch_reads_the_dataset_and_rewards_before_it_starts_a_server(tmp_path):
+    """A typo in the dataset or a reward costs one line, not the server's start (a minute on a
+    CPU, minutes on a GPU): launch reads them first."""
+    done = launch("model=tiny", f"dataset={tmp_path / 'no-such.jsonl'}")
+    assert done.returncode == 2 and "no-such.jsonl" in done.stderr.strip().splitlines()[-1]
+    done = launch("model=tiny", "rewards=[no_such_module:score]")
+    assert done.returncode == 2 and "no_such_module" in done.stderr.strip().splitlines()[-1]
+    assert "starting vllm serve" not in done.stderr + done.stdout
+
+
+def test_launch_serves_a_run_directorys_final_weights(tmp_path):
+    """model=RUN_DIR (a finished run) is served as grpo train and grpo eval load it: its final/
+    (before: vLLM was started on the run directory itself and died in a pydantic traceback)."""
+    from grpo.commands.launch import launch_config, served_model
+    from grpo.models.tiny import build_tiny
+    run = tmp_path / "run"
+    build_tiny(run / "final")
+    config = launch_config(None, [f"model={run}"])
+    assert served_model(config, tmp_path / "work") == str(run / "final")
+
+
+def test_a_server_that_refuses_the_connection_is_said_at_once_not_as_a_timeout():
+    """A stopped server (nothing listens on its port): 'refused the connection', not 'did not
+    answer within 300 s' (which it said at once)."""
+    from grpo.sampling.vllm import _post
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(EngineError, match=rf"^the vLLM server at {url} refused the connection for a "
+                                          r"completion request: nothing listens there"):
+        _post(url + "/v1/completions", {}, 300, "a completion request", url)
+
+
+def test_a_servers_new_address_is_a_key_a_resumed_run_may_change(tmp_path):
+    """grpo launch picks a free port each time: resume=auto under it sees vllm_url changed, which
+    changes nothing the run computes (before: 'from here the run trains otherwise')."""
+    import yaml
+
+    from grpo.config import build_config
+    from grpo.run.resume import changes_said
+    then = build_config({"sampler": "vllm_server", "vllm_url": ["http://127.0.0.1:41001"]})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(then.flat()))
+    now = build_config({"sampler": "vllm_server", "vllm_url": ["http://127.0.0.1:52002"],
+                        "vllm_timeout_s": 600})
+    assert changes_said(now, tmp_path) == [
+        "resuming with vllm_url ['http://127.0.0.1:41001'] -> ['http://127.0.0.1:52002'], "
+        "vllm_timeout_s 300.0 -> 600.0 (keys a resumed run may change)"]

@@ -500,6 +500,10 @@ def test_a_signal_to_grpo_launch_reaches_the_trainer_which_keeps_a_checkpoint(tm
     assert kept == [steps[-1]] and steps[-1] >= 2, (kept, steps)        # the last step, kept
     assert f"stopped by {signal.Signals(signum).name} after step {steps[-1]}/400" in stderr
     assert "Traceback" not in stderr
+    (kept_dir,) = re.findall(r"grpo launch: the server's log .* kept in (\S+); remove it", stderr)
+    assert (Path(kept_dir) / "vllm-server.log").is_file()                   # named, and there
+    import shutil
+    shutil.rmtree(kept_dir)
     assert weights_files() == files_before             # the weights sent to the server: removed
     import socket
     with socket.socket() as s:                                       # the server is stopped

@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             elif command == "eval":     # a run named: its weights and settings
                 from grpo.assembly import eval_setup
                 config = eval_setup(*_checked_args(rest)).config
+            elif command == "launch":   # as launch runs it: on the server it starts
+                from grpo.commands.launch import launch_config
+                config = launch_config(*_checked_args(rest))
             else:
                 config = _config(rest)
             print(to_yaml(config), end="")

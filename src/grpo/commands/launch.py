@@ -86,11 +86,13 @@ def served_model(config, work: Path) -> str:
     shape); the trainer sends its weights before the first step, so only the shape matters."""
     from grpo.assembly import load_model_and_tokenizer
     from grpo.models import whole_model
+    from grpo.models.load import model_source
     name = config.model.model
     if name in ("tiny", "tiny-vlm"):
         load_model_and_tokenizer(config, work, lambda line: None)
         return str(work / "base_model")
-    return whole_model(name)
+    path, _ = model_source("model", name)   # a run directory stands for its final/, as in train
+    return whole_model(path)
 
 
 def server_command(config, model: str, port: int) -> list[str]:
@@ -161,13 +163,41 @@ def stop(process: subprocess.Popen, grace_s: float = 20.0) -> None:
         pass
 
 
+SERVED_PLACEHOLDER = "http://127.0.0.1:PORT"
+
+
+def launch_config(path: str | None, overrides: list[str]):
+    """The run's config as launch runs it (sampler=vllm_server on the server it starts); a given
+    sampler= other than that, or a vllm_url= (a server of the user's own), is refused."""
+    from grpo.config import ConfigError, load_config
+    for word in overrides:
+        key, _, value = word.partition("=")
+        if key == "vllm_url":
+            raise ConfigError("config key 'vllm_url': grpo launch starts its own server and points the "
+                              "run at it; for a server you started, run grpo train sampler=vllm_server "
+                              f"vllm_url={value} (docs/guides/scaling-out.md)")
+        if key == "sampler" and value != "vllm_server":
+            raise ConfigError(f"config key 'sampler': grpo launch samples on the vLLM server it "
+                              f"starts (sampler=vllm_server), not sampler={value}; leave sampler= "
+                              "out, or run grpo train for another sampler")
+    return load_config(path, overrides + ["sampler=vllm_server", f"vllm_url={SERVED_PLACEHOLDER}"])
+
+
+def check_inputs(config) -> None:
+    """What the trainer reads first (the dataset, its golds, the reward functions), read now:
+    a typo costs a line, not the server's start (a minute here, minutes on a GPU)."""
+    from grpo.assembly import load_data
+    load_data(config)
+
+
 def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | None = None,
            say=print) -> int:
     """Server up, trainer run, server down; the trainer's exit status. `path` is the config file
     (or None) and `overrides` its key=value words, as `grpo train` takes them."""
-    from grpo.config import ConfigError, load_config
-    overrides = [o for o in overrides if not o.startswith(("sampler=", "vllm_url="))]
-    config = load_config(path, overrides + ["sampler=vllm_server", "vllm_url=http://127.0.0.1:1"])
+    from grpo.config import ConfigError
+    config = launch_config(path, overrides)
+    overrides = [o for o in overrides if not o.startswith("sampler=")]
+    check_inputs(config)
     if port is not None:
         check_port_free(port)
     if not shutil.which("vllm") and not _has_vllm():
@@ -202,7 +232,10 @@ def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | N
     finally:
         stop(server)
         if done == 0:
-            shutil.rmtree(work, ignore_errors=True)   # else the server's log stays, named above
+            shutil.rmtree(work, ignore_errors=True)
+        else:          # a failed or interrupted run: the server's log stays, for what it says
+            say(f"grpo launch: the server's log (and the model it served, where launch built one) "
+                f"kept in {work}; remove it when read")
 
 
 PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,

@@ -40,7 +40,8 @@ from grpo.data import DataError
 # dataset's path among them, as its rows are checked (`check_data`).
 FREE_TO_CHANGE = {"steps", "save_every", "keep_last", "resume", "eval_every", "output_dir", "threads",
                   "rollout_workers", "transfer_timeout_s", "worker_restarts", "trainer_threads", "worker_threads",
-                  "log_every", "report_to", "push_to_hub", "dataset", "eval_dataset"}
+                  "log_every", "report_to", "push_to_hub", "dataset", "eval_dataset",
+                  "vllm_url", "vllm_timeout_s", "vllm_weights_dir"}   # a server's address is free to change
 DATA_FILE = "data.json"
 
 

@@ -184,7 +184,10 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
     from grpo.run.http import post
     try:
         status, reason, text = post(url, json.dumps(body or {}).encode(), time.monotonic() + timeout_s)
-    except (OSError, TimeoutError) as e:   # refused, reset, the deadline passed
+    except ConnectionRefusedError:         # nothing listens there: no wait would help
+        raise EngineError(f"the vLLM server at {server} refused the connection for {what}: nothing "
+                          "listens there (the server has stopped, or the address is wrong)") from None
+    except (OSError, TimeoutError) as e:   # reset, the deadline passed
         raise EngineError(f"the vLLM server at {server} did not answer {what} within "
                           f"{timeout_s:g} s: {getattr(e, 'strerror', None) or e}") from None
     if status >= 300:
