@@ -181,3 +181,21 @@ def test_a_servers_new_address_is_a_key_a_resumed_run_may_change(tmp_path):
     assert changes_said(now, tmp_path) == [
         "resuming with vllm_url ['http://127.0.0.1:41001'] -> ['http://127.0.0.1:52002'], "
         "vllm_timeout_s 300.0 -> 600.0 (keys a resumed run may change)"]
+
+
+def test_a_prefix_cache_reset_the_server_refuses_fails_the_load_after_retries(tmp_path):
+    """/reset_prefix_cache answers {"success": false} while blocks are held: asked again, and
+    still refused after its tries the load is an engine error (its cache could serve the old
+    weights' prompts); before, the answer was never read."""
+    from grpo.sampling.vllm import VLLMServerEngine
+    server = Answers({"/v1/models": json.dumps({"data": [{"id": "m"}]}).encode(),
+                      "/collective_rpc": b"{}", "/reset_prefix_cache": b'{"success": false}'})
+    engine = VLLMServerEngine(server.url, timeout_s=10, weights_dir=str(tmp_path))
+    try:
+        import torch
+        with pytest.raises(EngineError, match=r"refused to reset its prefix cache 10 times after "
+                                              r"loading weight version 3"):
+            engine._send([("w", torch.zeros(2))], 3)
+    finally:
+        engine.close()
+        server.close()

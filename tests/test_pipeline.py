@@ -538,3 +538,26 @@ def test_an_async_run_resumed_from_its_last_checkpoint_can_be_extended(tiny_mode
             "0 instead of 1); from step 5 on, as scheduled") in lines
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_an_async_run_stopped_by_sigterm_keeps_its_timeline(tiny_model_dir, tmp_path):
+    """pipeline.jsonl (when the trainer waited and each worker worked, per step; `grpo report`
+    draws it) is written when the run stops on a signal, as when it ends (before: lost)."""
+    import time
+    run = tmp_path / "run"
+    args = [f"model={tiny_model_dir}", "sft_steps=0", "prompts_per_step=4", "group_size=4",
+            "max_new_tokens=6", "steps=500", "eval_every=0", "save_every=0", "threads=2",
+            "async_steps=1", "report_to=[]", f"output_dir={run}"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 240
+    while time.time() < deadline and not (
+            (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    timeline = [json.loads(line) for line in (run / "pipeline.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in timeline] == steps and len(steps) >= 3

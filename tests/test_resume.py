@@ -406,3 +406,25 @@ def test_resume_auto_on_a_finished_run_without_checkpoints_changes_nothing(tiny_
     err = capsys.readouterr().err
     assert "holds a finished run (final/) and no checkpoint to continue from (save_every=0)" in err
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_disk_too_full_for_the_tiny_models_files_is_one_line(tmp_path):
+    """model=tiny writes its model into output_dir/base_model first; on a real tmpfs of 400 KiB
+    that write fails: one line saying the disk is full, status 2 (before: safetensors' own error,
+    a traceback, status 1)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(full)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        done = subprocess.run([sys.executable, "-m", "grpo", "train", "model=tiny", "steps=2",
+                               "sft_steps=0", f"output_dir={full / 'run'}"], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 2, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("grpo train: error: ") and "the disk is full" in last, last
+        assert "Traceback" not in done.stderr
+    finally:
+        subprocess.run(["umount", str(full)])

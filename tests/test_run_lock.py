@@ -342,3 +342,24 @@ def test_a_real_full_disk_under_torch_save_is_one_line_and_resume_goes_on(tiny_m
     assert resumed["rc"] == 0, resumed["err"][-3000:]
     assert resumed["checkpoints"] == ["step-1", "step-2", "step-3"]
     assert [json.loads(line)["step"] for line in files["metrics"].splitlines()] == [1, 2, 3]
+
+
+def test_a_file_system_without_flock_runs_unguarded_and_says_so(tmp_path, monkeypatch, capsys):
+    """Some network mounts answer flock with ENOLCK: the run goes on without the lock's guard,
+    and says so in one line naming output_dir (before: silently)."""
+    import errno
+    import fcntl
+
+    from grpo.run.checkpoint import RunLock
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    lock = RunLock.take(tmp_path / "run")
+    try:
+        said = capsys.readouterr().err.strip().splitlines()
+        assert said == [f"warning: output_dir {tmp_path / 'run'} is on a file system without flock "
+                        "(No locks available): this run cannot stop another grpo run from writing "
+                        "the same output_dir at once"]
+    finally:
+        lock.release()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,9 @@ def _train(config: TrainConfig, **given) -> RunResult:
     if evaluating and run.first == 1:
         accuracy = evaluate_now(run, record, 0)
         log(f"step 0/{c.run.steps}  eval/accuracy {accuracy:.3f}")
-    with closing_on_error(tracker, run.groups, learner.sampler), resume.StopOnSignal(log) as stop, \
+    timeline_dir = run.run_dir if run.write_files else None
+    with closing_on_error(tracker, run.groups, learner.sampler, timeline_dir), \
+            resume.StopOnSignal(log) as stop, \
             Progress("step", c.run.steps, log, c.run.log_every, start=run.first - 1) as bar:
         gap_said = False
         for step in range(run.first, c.run.steps + 1):
@@ -138,9 +141,9 @@ def evaluate_now(run: Run, record, step: int, steps_bar: Progress | None = None)
     """The held-out score of the policy now (rank 0 evaluates; every rank gathers a sharded
     model), shown with its own bar in place of the steps'."""
     c, learner = run.config, run.learner
+    if run.groups is not None:   # async_steps: only evaluation uses this engine (FSDP2: every
+        learner.sampler.sync(learner.policy)   # process gathers the weights as they are sent)
     with distributed.full_parameters(learner.policy):
-        if run.groups is not None:
-            learner.sampler.sync(learner.policy)   # async_steps: only evaluation uses this engine
         if not run.world.is_main:
             return math.nan
         rows_file = run.run_dir / "eval" / f"step-{step}.jsonl" if run.write_files else None
@@ -269,10 +272,11 @@ def storage_faults_said(run_dir: Path):
     checkpoint is written whole or not at all (checkpoint.write_dir)."""
     try:
         yield
-    except OSError as e:
+    except Exception as e:   # OSError, and the errors of writers that wrap it (safetensors')
         if (fault := storage_fault(e)) is None:
             raise
-        what = f"cannot write {e.filename}" if e.filename else "a write failed"
+        named = getattr(e, "filename", None) or next(iter(re.findall(r'at path "([^"]+)"', str(e))), None)
+        what = f"cannot write {named}" if named else "a write failed"
         raise TrainingError(f"{what}: {fault[0]}; {newest_checkpoint_said(run_dir)}. {fault[1]}, "
                             "then continue with the same command and resume=auto") from e
 
@@ -284,15 +288,20 @@ def newest_checkpoint_said(run_dir: Path) -> str:
 
 
 @contextmanager
-def closing_on_error(tracker, groups=None, sampler=None):
-    """Close the trackers (finishing a W&B or MLflow run), stop the rollout workers and close the
-    learner's sampler (an engine it made, a server's weights files) when the loop stops on an
-    error or a signal."""
+def closing_on_error(tracker, groups=None, sampler=None, timeline_dir: Path | None = None):
+    """Close the trackers (finishing a W&B or MLflow run), stop the rollout workers (keeping their
+    timeline, pipeline.jsonl, in `timeline_dir`) and close the learner's sampler (an engine it
+    made, a server's weights files) when the loop stops on an error or a signal."""
     try:
         yield
     except BaseException:
         if groups is not None:
             groups.close()
+            if timeline_dir is not None:
+                try:
+                    resume.write_timeline(timeline_dir, groups.timeline)
+                except OSError:
+                    pass   # the error under way says more
         if sampler is not None:
             sampler.close()
         try:

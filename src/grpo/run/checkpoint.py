@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -196,7 +197,11 @@ def _locked(path: Path) -> int:
                               "wait for it, or choose another output_dir") from None
         except OSError as e:
             if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                return fd   # a file system without flock (some network mounts): run unguarded
+                # a file system without flock (some network mounts): run unguarded, and say so
+                print(f"warning: output_dir {path.parent} is on a file system without flock "
+                      f"({e.strerror or errno.errorcode.get(e.errno)}): this run cannot stop another "
+                      "grpo run from writing the same output_dir at once", file=sys.stderr)
+                return fd
             os.close(fd)
             raise
         # A holder that ended between our open and our flock removed the file we locked: the

@@ -124,7 +124,8 @@ class VLLMEngine:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
-        self.llm.reset_prefix_cache()   # cached prompt keys came from the old weights
+        # cached prompt keys came from the old weights
+        reset_cache(lambda: self.llm.reset_prefix_cache(), self.name, version)
         self.version = version
 
     def load_adapter(self, path: str, version: int) -> None:
@@ -153,6 +154,20 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.llm = None
+
+
+def reset_cache(reset, name: str, version: int, tries: int = 10, pause_s: float = 0.2) -> None:
+    """Empty the engine's prefix cache after a weight load (its keys and values came from the old
+    weights): vLLM refuses while blocks are held by running requests, so it is asked again a few
+    times; still refused, the load counts as failed (the engine could serve the old weights' KV)."""
+    import time
+    for _ in range(tries):
+        if reset() is not False:
+            return
+        time.sleep(pause_s)
+    raise EngineError(f"{name} refused to reset its prefix cache {tries} times after loading weight "
+                      f"version {version} (blocks still held): it could serve the old weights' "
+                      "cached prompts, so the load counts as failed")
 
 
 # ---------------------------------------------------------------- vLLM as a server
@@ -420,7 +435,12 @@ class VLLMServerEngine:
               {"method": "reload_weights", "kwargs": {"weights_path": self.weights_dir}},
               self.timeout_s, f"weight version {version} ({os.path.getsize(path) / 2**20:.1f} MiB "
               f"from {path})", self.url)
-        _post(self.url + "/reset_prefix_cache", None, self.timeout_s, "a prefix-cache reset", self.url)
+        def reset():
+            answer = _post(self.url + "/reset_prefix_cache", None, self.timeout_s,
+                           "a prefix-cache reset", self.url)
+            # {"success": bool}; a vLLM that answers nothing has no result to give
+            return True if not isinstance(answer, dict) else answer.get("success", True)
+        reset_cache(reset, self.name, version)
 
     def load_adapter(self, path: str, version: int) -> None:
         raise EngineError(f"{self.name}: adapters are not sent to a server yet (lora_rank 0: the "
