@@ -561,3 +561,19 @@ def test_an_async_run_stopped_by_sigterm_keeps_its_timeline(tiny_model_dir, tmp_
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     timeline = [json.loads(line) for line in (run / "pipeline.jsonl").read_text().splitlines()]
     assert [row["step"] for row in timeline] == steps and len(steps) >= 3
+
+
+def test_the_engine_client_thread_has_a_tokenizer_of_its_own(tiny_model_dir, tmp_path):
+    """rollout_workers=0: the client samples in a thread of the trainer while evaluation, on the
+    main thread, tokenizes too; a fast tokenizer is not to be shared between threads (Rust's
+    'Already borrowed' under multi-turn episodes), so the client's sampler has its own copy,
+    which encodes the same."""
+    run = assembly.assemble(build_config({**BASE, "model": str(tiny_model_dir), "output_dir": str(tmp_path),
+                                          "async_steps": 1, "rollout_workers": 0}), log=lambda line: None)
+    try:
+        (client,) = run.groups.workers
+        theirs = client.sampler.tokenizer
+        assert theirs is not run.tokenizer and theirs._tokenizer is not run.tokenizer._tokenizer
+        assert theirs("largest of 3 8 5 1:").input_ids == run.tokenizer("largest of 3 8 5 1:").input_ids
+    finally:
+        run.groups.close()

@@ -45,6 +45,8 @@ def start_pipeline(c: TrainConfig, learner: Learner, tokenizer, data: Data, stre
     p = c.pipeline
     ahead = resume.pipeline_state(checkpoint, world)
     client = learner.plan.groups == "client"
+    if client:   # a thread of this process beside evaluation: a fast tokenizer is not shared
+        tokenizer = copy.deepcopy(tokenizer)   # between threads (Rust's "Already borrowed")
     workers = 0 if client else p.rollout_workers
     trainer_threads, worker_threads = split_threads(c.run.threads or torch.get_num_threads(), workers)
     trainer_threads, worker_threads = p.trainer_threads or trainer_threads, p.worker_threads or worker_threads
