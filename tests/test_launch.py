@@ -18,6 +18,8 @@ class Answers:
     """A real HTTP server on 127.0.0.1 answering each path with a fixed status and body."""
 
     def __init__(self, answers: dict[str, bytes], port: int = 0):
+        self.posted = posted = []         # (path, JSON body) of each POST
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
@@ -33,7 +35,8 @@ class Answers:
                 self._answer()
 
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                posted.append((self.path, json.loads(body) if body.strip() else None))
                 self._answer()
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
@@ -195,7 +198,40 @@ def test_a_prefix_cache_reset_the_server_refuses_fails_the_load_after_retries(tm
         import torch
         with pytest.raises(EngineError, match=r"refused to reset its prefix cache 10 times after "
                                               r"loading weight version 3"):
-            engine._send([("w", torch.zeros(2))], 3)
+            engine.load_weights([("w", torch.zeros(2))], 3)
     finally:
         engine.close()
         server.close()
+
+
+LOADS = {"/v1/models": json.dumps({"data": [{"id": "m"}]}).encode(), "/collective_rpc": b"{}",
+         "/reset_prefix_cache": b'{"success": true}'}
+
+
+def test_servers_on_one_machine_read_one_file_in_the_servers_dtype(tmp_path):
+    """Two servers (vllm_url=[a,b]) and a bfloat16 run: the weights are written once, as
+    bfloat16 (half of float32's bytes), and both servers reload from that one folder (before:
+    a float32 file per server). The probe that checks a server's weights runs on each."""
+    import torch
+    from safetensors.torch import load_file
+
+    from grpo.sampling.engine import Engines
+    from grpo.sampling.vllm import VLLMServerEngine
+    probe = json.dumps({"choices": [{"prompt_logprobs": [None] + [{str(t): {"logprob": -1.0}}
+                                                                for t in range(4, 19)]}]}).encode()
+    a, b = Answers({**LOADS, "/v1/completions": probe}), Answers({**LOADS, "/v1/completions": probe})
+    engines = Engines([VLLMServerEngine(s.url, timeout_s=10, weights_dir=str(tmp_path), dtype="bfloat16")
+                       for s in (a, b)], log=print)
+    try:
+        engines.load_weights([("w", torch.ones(4, 4)), ("n", torch.arange(3))], version=1)
+        (folder,) = [p for p in tmp_path.iterdir()]              # one folder, one file, for both
+        written = load_file(folder / "model.safetensors")
+        assert written["w"].dtype == torch.bfloat16 and written["n"].dtype == torch.int64
+        reloads = [body["kwargs"]["weights_path"] for server in (a, b) for path, body in server.posted
+                   if path == "/collective_rpc"]
+        assert reloads == [str(folder), str(folder)]
+    finally:
+        engines.close()
+        a.close()
+        b.close()
+    assert list(tmp_path.iterdir()) == []

@@ -155,7 +155,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
             if world.is_main:          # what runs killed on this machine left in RAM or on disk
                 for left in sweep_weights(s.vllm_weights_dir or "/dev/shm"):
                     log(f"removed the weights a run no longer running left: {left}")
-            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s,
+            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s, dtype=c.model.dtype,
                                         weights_dir=s.vllm_weights_dir or None) for url in s.vllm_url]
         except EngineError as e:
             raise ConfigError(f"config key 'vllm_url': {e}") from None

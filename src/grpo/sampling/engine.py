@@ -152,7 +152,17 @@ class Engines:
         return [g for run in out if run is not None for g in run]
 
     def load_weights(self, weights, version: int) -> None:
-        self._each(lambda e: e.load_weights(weights, version), version, "loading weights")
+        """Every engine up loads `version`; servers that read their weights from a folder on one
+        machine (`write`, `reload`) share one file: the first writes it, each reloads from it."""
+        weights, written = list(weights), {}
+
+        def load(engine):
+            if not (hasattr(engine, "write") and hasattr(engine, "reload")):
+                return engine.load_weights(weights, version)
+            if engine.weights_parent not in written:
+                written[engine.weights_parent] = engine.write(weights, version)
+            engine.reload(written[engine.weights_parent], version)
+        self._each(load, version, "loading weights")
 
     def load_adapter(self, path: str, version: int) -> None:
         self._each(lambda e: e.load_adapter(path, version), version, "loading an adapter")

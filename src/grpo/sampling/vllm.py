@@ -289,11 +289,13 @@ class VLLMServerEngine:
     """
 
     def __init__(self, url: str, *, timeout_s: float = 300.0, weights_dir: str | None = None,
-                 parallel: int = 64):
+                 parallel: int = 64, dtype: str | None = None):
         import tempfile
         from concurrent.futures import ThreadPoolExecutor
         self.url, self.timeout_s, self.version = url.rstrip("/"), timeout_s, -1
         self.lora_rank = 0      # LoRA: the merged weights are sent
+        # the server's dtype, as the run gave it (`dtype`, what grpo launch serves in): written so
+        self.dtype = getattr(torch, dtype) if dtype not in (None, "", "auto") else None
         self.held: tuple[int, list[float]] | None = None   # (version, its probe's log-probs)
         self.name = f"the vLLM server at {self.url}"
         models = self._get("/v1/models", "the model list")
@@ -359,14 +361,72 @@ class VLLMServerEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Send the weights (under torchrun `Engines` has process 0 alone call this, and holds
         the others until the server has them)."""
-        self._send(weights, version)
-        self.loaded(version)
+        self.reload(self.write(weights, version), version)
 
     def loaded(self, version: int) -> None:
         """The server holds `version` now (this process sent it, or process 0 did): its probe's
         log-probs are what later checks compare with."""
         self.version = version
         self.held = (version, self._probe())
+
+    def write(self, weights, version: int) -> str:
+        """The weights as one safetensors file in this engine's folder, in the server's dtype
+        (`dtype`: a bfloat16 server reads half the bytes of float32), written whole under a
+        temporary name and renamed; the folder's path. Room is checked first."""
+        import shutil
+        import tempfile
+
+        from safetensors import SafetensorError
+        from safetensors.torch import save_file
+        if self.weights_dir is None:
+            self.weights_dir = tempfile.mkdtemp(
+                prefix=f"{WEIGHTS_PREFIX}{os.getpid()}@{socket.gethostname()}-", dir=self.weights_parent)
+        path = os.path.join(self.weights_dir, "model.safetensors")
+        partial = path + ".partial"
+        tensors, seen = {}, set()
+        for name, t in weights:
+            t = t.detach().to("cpu")
+            if self.dtype is not None and t.is_floating_point():
+                t = t.to(self.dtype)
+            t = t.contiguous()
+            # tied weights (embeddings and head): vLLM's reload wants both names, and
+            # safetensors refuses two names on one storage, so the second is a copy
+            tensors[name] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
+        need = sum(t.numel() * t.element_size() for t in tensors.values()) + 2**20   # and the header
+        free = shutil.disk_usage(self.weights_dir).free    # the last version stays until replaced
+        if free < need:
+            raise EngineError(f"vllm_weights_dir: version {version}'s weights for {self.name} need "
+                              f"{need / 2**20:.0f} MiB in {self.weights_parent}, which has "
+                              f"{free / 2**20:.0f} MiB free; free some, or set vllm_weights_dir= to "
+                              "a directory with room (a container's /dev/shm is often 64 MB: "
+                              "docker run --shm-size)")
+        try:
+            save_file(tensors, partial)
+            os.replace(partial, path)
+        except (OSError, SafetensorError) as e:
+            if os.path.lexists(partial):
+                os.remove(partial)
+            raise EngineError(f"writing version {version}'s weights for {self.name} to "
+                              f"{self.weights_dir} (vllm_weights_dir) failed: {e}") from None
+        return self.weights_dir
+
+    def reload(self, folder: str, version: int) -> None:
+        """The server reloads its weights from `folder` (this engine's, or another's on the same
+        machine: one file for every server there), then empties its prefix cache."""
+        path = os.path.join(folder, "model.safetensors")
+        _post(self.url + "/collective_rpc",
+              {"method": "reload_weights", "kwargs": {"weights_path": folder}},
+              self.timeout_s, f"weight version {version} ({os.path.getsize(path) / 2**20:.1f} MiB "
+              f"from {path})", self.url)
+
+        def reset():
+            answer = _post(self.url + "/reset_prefix_cache", None, self.timeout_s,
+                           "a prefix-cache reset", self.url)
+            # {"success": bool}; a vLLM that answers nothing has no result to give
+            return True if not isinstance(answer, dict) else answer.get("success", True)
+        reset_cache(reset, self.name, version)
+        self.loaded(version)
 
     def _probe(self) -> list[float]:
         """The server's log-probs of a fixed token sequence (PROBE), its weights' fingerprint."""
@@ -395,52 +455,6 @@ class VLLMServerEngine:
                 f"{version}): {when}, its log-probs of a fixed probe had moved by up to {gap:.3g} "
                 f"since. Another client loaded other weights into it{other_runs(self.weights_parent)}."
                 " A server serves one run: give each run its own (grpo launch starts one)")
-
-    def _send(self, weights, version: int) -> None:
-        import shutil
-
-        import tempfile
-
-        from safetensors import SafetensorError
-        from safetensors.torch import save_file
-        if self.weights_dir is None:
-            self.weights_dir = tempfile.mkdtemp(
-                prefix=f"{WEIGHTS_PREFIX}{os.getpid()}@{socket.gethostname()}-", dir=self.weights_parent)
-        path = os.path.join(self.weights_dir, "model.safetensors")
-        partial = path + ".partial"
-        tensors, seen = {}, set()
-        for name, t in weights:
-            t = t.detach().to("cpu").contiguous()
-            # tied weights (embeddings and head): vLLM's reload wants both names, and
-            # safetensors refuses two names on one storage, so the second is a copy
-            tensors[name] = t.clone() if t.data_ptr() in seen else t
-            seen.add(t.data_ptr())
-        need = sum(t.numel() * t.element_size() for t in tensors.values()) + 2**20   # and the header
-        free = shutil.disk_usage(self.weights_dir).free    # the last version stays until replaced
-        if free < need:
-            raise EngineError(f"vllm_weights_dir: version {version}'s weights for {self.name} need "
-                              f"{need / 2**20:.0f} MiB in {self.weights_parent}, which has "
-                              f"{free / 2**20:.0f} MiB free; free some, or set vllm_weights_dir= to "
-                              "a directory with room (a container's /dev/shm is often 64 MB: "
-                              "docker run --shm-size)")
-        try:
-            save_file(tensors, partial)
-            os.replace(partial, path)
-        except (OSError, SafetensorError) as e:
-            if os.path.lexists(partial):
-                os.remove(partial)
-            raise EngineError(f"writing version {version}'s weights for {self.name} to "
-                              f"{self.weights_dir} (vllm_weights_dir) failed: {e}") from None
-        _post(self.url + "/collective_rpc",
-              {"method": "reload_weights", "kwargs": {"weights_path": self.weights_dir}},
-              self.timeout_s, f"weight version {version} ({os.path.getsize(path) / 2**20:.1f} MiB "
-              f"from {path})", self.url)
-        def reset():
-            answer = _post(self.url + "/reset_prefix_cache", None, self.timeout_s,
-                           "a prefix-cache reset", self.url)
-            # {"success": bool}; a vLLM that answers nothing has no result to give
-            return True if not isinstance(answer, dict) else answer.get("success", True)
-        reset_cache(reset, self.name, version)
 
     def load_adapter(self, path: str, version: int) -> None:
         raise EngineError(f"{self.name}: adapters are not sent to a server yet (lora_rank 0: the "
