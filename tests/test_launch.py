@@ -235,3 +235,16 @@ def test_servers_on_one_machine_read_one_file_in_the_servers_dtype(tmp_path):
         a.close()
         b.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_vllm_url_without_sampler_vllm_server_is_said_not_ignored(tiny_model_dir, tmp_path):
+    """vllm_url= alone does not sample on the server: the run says so in one line and samples
+    as its sampler says (before: silently)."""
+    from grpo.config import build_config
+    from grpo.train import train
+    lines = []
+    train(build_config({"model": str(tiny_model_dir), "vllm_url": ["http://127.0.0.1:8000"], "steps": 1,
+                        "sft_steps": 0, "prompts_per_step": 2, "group_size": 2, "eval_every": 0,
+                        "output_dir": str(tmp_path)}), log=lines.append)
+    assert ("note: vllm_url is read with sampler=vllm_server only; this run samples with sampler=hf "
+            "(add sampler=vllm_server to sample on the server)") in lines

@@ -251,6 +251,8 @@ def test_the_readmes_vllm_command_trains_on_a_fresh_engine(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["sampler/logp_diff"] < 1e-4 for r in rows)
+    # vLLM's INFO lines (some 30 at start, more at each update) stay out of the run's output
+    assert not [line for line in (done.stdout + done.stderr).splitlines() if " INFO " in line]
 
 
 LORA_RUN = """

@@ -100,6 +100,9 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     write_files = write_files and world.is_main   # only rank 0 writes; the others stay quiet
     if not world.is_main:
         log = lambda line: None  # noqa: E731
+    if c.sampling.vllm_url and c.sampling.sampler != "vllm_server":
+        log(f"note: vllm_url is read with sampler=vllm_server only; this run samples with "
+            f"sampler={c.sampling.sampler} (add sampler=vllm_server to sample on the server)")
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
     if c.run.resume:

@@ -35,6 +35,9 @@ class VLLMUnavailable(RuntimeError):
 
 
 def import_vllm():
+    # vLLM reads its level at import: its some 30 INFO lines at start would bury the run's own
+    # (a user's VLLM_LOGGING_LEVEL is kept; VLLM_LOGGING_LEVEL=INFO shows them)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError:
@@ -45,14 +48,18 @@ def import_vllm():
 
 
 def quiet_updates() -> None:
-    """vLLM's lines on every weight update (its INFO lines, and a warning that the rotary
-    embedding, which has no weights in a checkpoint, loaded none) would bury the run's own; its
-    warnings and errors stay. A user's VLLM_LOGGING_LEVEL is left as it is."""
+    """vLLM's lines at start (some 30 INFO lines before the first step) and on every weight
+    update (its INFO lines, a warning that the rotary embedding, which has no weights in a
+    checkpoint, loaded none, and one on a CPU for each of grpo's torch.set_num_threads) would
+    bury the run's own; its other warnings and errors stay. A user's VLLM_LOGGING_LEVEL is left
+    as it is (VLLM_LOGGING_LEVEL=INFO shows them all)."""
     import logging
     if "VLLM_LOGGING_LEVEL" not in os.environ:
         logging.getLogger("vllm").setLevel(logging.WARNING)
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
         lambda record: record.getMessage() != "RotaryEmbedding: Failed to load weights")
+    logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(
+        lambda record: "doesn't allow to use `torch.set_num_threads`" not in record.getMessage())
 
 
 def sampling_params(vllm, r: Request):
@@ -108,6 +115,7 @@ class VLLMEngine:
         if lora_rank and fits:
             self.lora_rank = fits[0]
             kwargs.update(enable_lora=True, max_lora_rank=self.lora_rank, max_loras=1)
+        quiet_updates()
         try:
             self.llm = vllm.LLM(**kwargs)
         except Exception as e:   # noqa: BLE001 - vLLM's own error, said in one line with what was asked
