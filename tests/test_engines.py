@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from grpo.sampling.engine import EngineError, Engines, Generated, Request
+from grpo.sampling.engine import EngineError, Generated, Request
+from grpo.sampling.engines import Engines
 
 
 class SeededEngine:
@@ -145,7 +146,7 @@ class _Trickle(http.server.BaseHTTPRequestHandler):
 def test_a_vllm_server_that_trickles_its_answer_is_stopped_at_the_calls_deadline():
     """The deadline covers the whole call: a socket timeout alone restarts at every byte, and
     this server sends one every half second for 100 s."""
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.vllm_server import VLLMServerEngine
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()

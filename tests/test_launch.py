@@ -96,7 +96,7 @@ def test_a_server_that_answers_health_but_serves_another_name_is_not_taken_for_l
 def test_a_server_whose_answers_are_not_vllms_is_an_engine_error(models, completion, error):
     """200 with an odd body: an EngineError naming the server (a run stops in one line, or fails
     over to its other servers), not a KeyError."""
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.vllm_server import VLLMServerEngine
     answers = {"/v1/models": models}
     if completion is not None:
         answers["/v1/completions"] = completion
@@ -163,7 +163,7 @@ def test_launch_serves_a_run_directorys_final_weights(tmp_path):
 def test_a_server_that_refuses_the_connection_is_said_at_once_not_as_a_timeout():
     """A stopped server (nothing listens on its port): 'refused the connection', not 'did not
     answer within 300 s' (which it said at once)."""
-    from grpo.sampling.vllm import _post
+    from grpo.sampling.vllm_server import _post
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EngineError, match=rf"^the vLLM server at {url} refused the connection for a "
                                           r"completion request: nothing listens there"):
@@ -190,7 +190,7 @@ def test_a_prefix_cache_reset_the_server_refuses_fails_the_load_after_retries(tm
     """/reset_prefix_cache answers {"success": false} while blocks are held: asked again, and
     still refused after its tries the load is an engine error (its cache could serve the old
     weights' prompts); before, the answer was never read."""
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.vllm_server import VLLMServerEngine
     server = Answers({"/v1/models": json.dumps({"data": [{"id": "m"}]}).encode(),
                       "/collective_rpc": b"{}", "/reset_prefix_cache": b'{"success": false}'})
     engine = VLLMServerEngine(server.url, timeout_s=10, weights_dir=str(tmp_path))
@@ -215,8 +215,8 @@ def test_servers_on_one_machine_read_one_file_in_the_servers_dtype(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from grpo.sampling.engine import Engines
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.engines import Engines
+    from grpo.sampling.vllm_server import VLLMServerEngine
     probe = json.dumps({"choices": [{"prompt_logprobs": [None] + [{str(t): {"logprob": -1.0}}
                                                                 for t in range(4, 19)]}]}).encode()
     a, b = Answers({**LOADS, "/v1/completions": probe}), Answers({**LOADS, "/v1/completions": probe})

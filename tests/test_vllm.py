@@ -334,7 +334,7 @@ def session_server(engine_model_dir, tmp_path_factory):
 def server_engine(session_server, engine_model_dir):
     from grpo.models import load_policy
     from grpo.sampling.engine import weights_of
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.vllm_server import VLLMServerEngine
     engine = VLLMServerEngine(session_server.url, timeout_s=120)
     engine.load_weights(weights_of(load_policy(str(engine_model_dir))), version=0)
     yield engine
@@ -520,7 +520,7 @@ def test_weights_another_client_loads_into_the_server_stop_the_run_in_one_line(s
     0.27-0.37, nothing said)."""
     from grpo.models import load_policy
     from grpo.sampling.engine import weights_of
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.vllm_server import VLLMServerEngine
     from test_distributed import REWARD
     run_dir = tmp_path / "a"
     (tmp_path / "shaped.py").write_text(REWARD)
@@ -597,7 +597,7 @@ def test_a_write_the_device_refuses_is_an_engine_error_and_leaves_no_partial_fil
     status 1 with a traceback)."""
     from grpo.models import load_policy
     from grpo.sampling.engine import EngineError, weights_of
-    from grpo.sampling.vllm import VLLMServerEngine
+    from grpo.sampling.vllm_server import VLLMServerEngine
     shm = small_tmpfs(tmp_path / "shm", "64m,nr_inodes=2")    # its root and the engine's folder
     try:
         engine = VLLMServerEngine(session_server.url, timeout_s=120, weights_dir=str(shm))

@@ -101,6 +101,13 @@ def check_world(c: TrainConfig, world: distributed.World) -> None:
                           "and is not supported with more than one process yet")
 
 
+def note_unused_server(c: TrainConfig, log) -> None:
+    """vllm_url without sampler=vllm_server samples elsewhere: said, not silently ignored."""
+    if c.sampling.vllm_url and c.sampling.sampler != "vllm_server":
+        log(f"note: vllm_url is read with sampler=vllm_server only; this run samples with "
+            f"sampler={c.sampling.sampler} (add sampler=vllm_server to sample on the server)")
+
+
 def check_engine(config: TrainConfig, engine=None) -> None:
     """`sampler=vllm` needs vLLM importable here (found at start, not after the cold start), or
     an engine given from Python (with async_steps the pipeline's client samples on it)."""

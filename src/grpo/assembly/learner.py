@@ -146,8 +146,8 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
                          stop=tuple(s.stop), repetition_penalty=s.repetition_penalty)
     from grpo.sampling.engine import EngineError, EngineSampler
     if engine is None and kind == "vllm_server":
-        from grpo.sampling.engine import Engines
-        from grpo.sampling.vllm import VLLMServerEngine, sweep_weights
+        from grpo.sampling.engines import Engines
+        from grpo.sampling.vllm_server import VLLMServerEngine, sweep_weights
         world = world or distributed.World()
         try:
             if s.vllm_weights_dir:

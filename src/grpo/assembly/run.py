@@ -24,7 +24,7 @@ import torch
 
 from grpo.assembly.checks import (check_batch, check_choices, check_engine, check_images, check_lr,
                                   check_pipeline, check_push, check_rewards, check_selection,
-                                  check_world, fit_prompts)
+                                  check_world, fit_prompts, note_unused_server)
 from grpo.assembly.data import load_data, with_given
 from grpo.assembly.groups import group_source
 from grpo.assembly.learner import make_learner, make_sampler, resume_or_cold_start
@@ -100,9 +100,7 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     write_files = write_files and world.is_main   # only rank 0 writes; the others stay quiet
     if not world.is_main:
         log = lambda line: None  # noqa: E731
-    if c.sampling.vllm_url and c.sampling.sampler != "vllm_server":
-        log(f"note: vllm_url is read with sampler=vllm_server only; this run samples with "
-            f"sampler={c.sampling.sampler} (add sampler=vllm_server to sample on the server)")
+    note_unused_server(c, log)
     run_dir = Path(c.run.output_dir)
     checkpoint = resume.find(c, log) if write_files or c.run.resume else None
     if c.run.resume:

@@ -13,7 +13,9 @@ one that completes the stop string, and its text, mask and log-probs hold exactl
                    from lengths, prompts with images
     own.py         grpo's own sampler (`sampler=hf`): `HFSampler` and its decode loop
     engine.py      an engine with weights of its own, and the Sampler on any such engine
-    vllm.py        vLLM as that engine
+    engines.py     several engines as one (`vllm_url=[...]`), failover shared by every process
+    vllm.py        vLLM as that engine, in the trainer's process
+    vllm_server.py a `vllm serve` process as that engine, over HTTP, and its weights files
     episodes.py    multi-turn episodes, on grpo's own sampler or an engine
 
 This face only re-exports the names other packages use.
