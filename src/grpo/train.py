@@ -272,7 +272,9 @@ def storage_faults_said(run_dir: Path):
     checkpoint is written whole or not at all (checkpoint.write_dir)."""
     try:
         yield
-    except Exception as e:   # OSError, and the errors of writers that wrap it (safetensors')
+    except Exception as e:   # OSError, and safetensors' error, which wraps one
+        if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":
+            raise                # grpo's own errors (a checkpoint's) say it already
         if (fault := storage_fault(e)) is None:
             raise
         named = getattr(e, "filename", None) or next(iter(re.findall(r'at path "([^"]+)"', str(e))), None)
