@@ -162,3 +162,23 @@ def test_a_vllm_server_that_trickles_its_answer_is_stopped_at_the_calls_deadline
         engine.close()
     finally:
         server.shutdown()
+
+
+def test_a_process_that_does_not_send_the_shared_servers_keeps_no_versions():
+    """Async with servers under torchrun: process 0 sends every version to the servers all
+    processes share, so the other processes' engine clients keep no copy of any version (each
+    would be a whole model, k + 1 of them); a client that loads its own engine keeps them."""
+    import torch
+
+    from grpo.pipeline.groups import clone_parameters, keeps_versions
+    from grpo.sampling.engine import EngineSampler
+    model = torch.nn.Linear(2, 2)
+
+    def client(sends: bool):
+        sampler = EngineSampler(Engines([SeededEngine("a")], sends=sends), None, max_new_tokens=4)
+        return (model, sampler, True)
+    assert keeps_versions(client(sends=True)) and not keeps_versions(client(sends=False))
+    assert keeps_versions(None)                       # forked workers: each loads its own copy
+    copies = clone_parameters(model)                  # on a CPU: plain copies where they are
+    assert [c.data_ptr() for c in copies] != [p.data_ptr() for p in model.parameters()]
+    assert all(torch.equal(c, p) for c, p in zip(copies, model.parameters()))

@@ -131,7 +131,9 @@ class _Client:
                 need = self.work.version_of(step)
                 waited = time.time()
                 if loaded != need:
-                    load_parameters(self.model, self._version(need))
+                    version = self._version(need)
+                    if version is not None:    # None: another process sends the servers this one
+                        load_parameters(self.model, version)
                     synced = time.perf_counter()   # the engine's own numbering may be another's
                     if getattr(self.sampler, "engine", None) is not None:
                         self.sampler.sync(self.model, need)
@@ -210,13 +212,26 @@ class _Closing(Exception):
 
 
 def clone_parameters(model) -> list[torch.Tensor]:
-    """A version for an engine client: the trained parameters, each copied where it is (the
-    client's copy may hold another dtype, so no flat buckets)."""
+    """A version for an engine client: the trained parameters, each copied (the client's copy
+    may hold another dtype, so no flat buckets). On a GPU the copies go to pinned CPU memory:
+    k + 1 whole versions would otherwise sit on the GPU beside the policy; the client copies a
+    version back when it loads it."""
     with torch.no_grad():
-        params = [p.detach().clone() for p in trained_parameters(model)]
-    if params and params[0].is_cuda:
-        torch.cuda.current_stream().synchronize()   # whole before the client's stream reads them
-    return params
+        params = [p.detach() for p in trained_parameters(model)]
+        if not params or not params[0].is_cuda:
+            return [p.clone() for p in params]
+        copies = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
+        for copy, p in zip(copies, params):
+            copy.copy_(p, non_blocking=True)
+    torch.cuda.current_stream().synchronize()   # whole before the client reads them
+    return copies
+
+
+def keeps_versions(client) -> bool:
+    """Whether this process's engine client needs the versions' weights: not where it shares
+    servers that another process sends every version to (`Engines` with sends=False)."""
+    engine = getattr(client[1], "engine", None) if client is not None else None
+    return getattr(engine, "sends", True)
 
 
 def load_parameters(model, params: list[torch.Tensor]) -> None:
@@ -242,6 +257,8 @@ class Groups:
         self.next = first + len(self.queue)         # the first step no worker has sent yet
         self.stream_state = stream_state            # the data position before step `next`
         self.snap = clone_parameters if client is not None else snapshot
+        if not keeps_versions(client):   # process 0 sends the shared servers each version
+            self.snap = lambda policy: None
         with distributed.full_parameters(work.policy):   # FSDP2: gathered on every process
             self.snapshots = {self.version: self.snap(work.policy)}
         scheduled = version_for(self.next, self.k)
