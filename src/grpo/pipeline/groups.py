@@ -9,6 +9,9 @@
 A worker that dies (its connection closes) is replaced by a fork of the spare process and
 restarted at the first step not yet received, from the data position after the one before, with
 the same version: it draws what the dead one would have drawn.
+
+Longer than about 400 lines: the trainer's side of both sources of groups, forked workers and
+the engine client thread, which share the schedule, the versions kept and the queue.
 """
 
 from __future__ import annotations
