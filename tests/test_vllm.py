@@ -755,59 +755,11 @@ def test_fsdp2_trainers_send_a_server_the_whole_weights_and_train_as_ddp_ones(se
         assert a["sampler/logp_diff"] < 1e-4
 
 
-class FailingLoads:
-    """A real HTTP server on loopback in front of a real vLLM server: it passes every request on,
-    but answers 500 to the `fail_from`-th weight load and every later one, and counts the
-    completion requests that reach it after the first it failed."""
-
-    def __init__(self, target: str, fail_from: int):
-        import http.server
-        import threading
-        import urllib.error
-        import urllib.request
-        self.loads, self.after, lock = 0, 0, threading.Lock()
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self, status: int, body: bytes):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _pass(self, body: bytes | None):
-                with lock:
-                    if self.path == "/collective_rpc":
-                        proxy.loads += 1
-                        if proxy.loads >= fail_from:
-                            return self._answer(500, b'{"error": "a load that fails"}')
-                    elif self.path == "/v1/completions" and proxy.loads >= fail_from:
-                        proxy.after += 1
-                request = urllib.request.Request(target + self.path, data=body, method=self.command,
-                                                 headers={"Content-Type": "application/json"})
-                try:
-                    with urllib.request.urlopen(request, timeout=300) as r:
-                        return self._answer(r.status, r.read())
-                except urllib.error.HTTPError as e:
-                    return self._answer(e.code, e.read())
-
-            def do_GET(self):
-                self._pass(None)
-
-            def do_POST(self):
-                self._pass(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+def FailingLoads(target: str, fail_from: int):
+    """benchmarks/fault_campaign.py's loopback proxy that fails a real server's loads."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from fault_campaign import FailingLoads as proxy
+    return proxy(target, fail_from)
 
 
 def test_a_server_that_fails_a_load_is_left_out_by_every_trainer_process(

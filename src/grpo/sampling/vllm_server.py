@@ -78,20 +78,26 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
 WEIGHTS_PREFIX = "grpo-weights-"
 
 
+def weights_folders(parent: str) -> list[tuple[str, int]]:
+    """(path, pid) of each weights folder in `parent` that a process of this machine made."""
+    import re
+    folders = []
+    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        named = re.fullmatch(rf"{WEIGHTS_PREFIX}(\d+)@(.+)-[^-]+", entry)
+        if named and named.group(2) == socket.gethostname():
+            folders.append((os.path.join(parent, entry), int(named.group(1))))
+    return folders
+
+
 def sweep_weights(parent: str) -> list[str]:
     """Remove the weight directories that runs on this machine left in `parent` (/dev/shm unless
     vllm_weights_dir) when they were killed: those named for a process of this machine that no
     longer runs. Returns what was removed, with its size."""
-    import re
     import shutil
     removed = []
-    if not os.path.isdir(parent):
-        return removed
-    for entry in sorted(os.listdir(parent)):
-        named = re.fullmatch(rf"{WEIGHTS_PREFIX}(\d+)@(.+)-[^-]+", entry)
-        if not named or named.group(2) != socket.gethostname() or _running(int(named.group(1))):
+    for where, pid in weights_folders(parent):
+        if _running(pid):
             continue
-        where = os.path.join(parent, entry)
         try:
             size = sum(f.stat().st_size for f in os.scandir(where) if f.is_file())
         except OSError:            # another process of this run swept it first
@@ -107,13 +113,8 @@ PROBE_TOLERANCE = 0.02        # log-prob; 16-bit batch variance is far under, an
 
 def other_runs(parent: str) -> str:
     """"; other runs on this machine that send weights to servers: pid N (its command)", or ""."""
-    import re
     found = []
-    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
-        named = re.fullmatch(rf"{WEIGHTS_PREFIX}(\d+)@(.+)-[^-]+", entry)
-        if not named or named.group(2) != socket.gethostname():
-            continue
-        pid = int(named.group(1))
+    for _, pid in weights_folders(parent):
         if pid == os.getpid() or not _running(pid):
             continue
         try:
