@@ -8,8 +8,9 @@ it guards, so a run that cannot finish stops in one line before any costly step:
     on the checkpoint          check_pipeline (queued groups need async_steps)
     on reading the rows        check_golds, check_code_tests (data.load_data: every row, once)
     on the model               check_pipeline (forked workers and CUDA), check_images,
-                               fit_prompts (coverage, answer lengths, prompt lengths), check_lr,
-                               check_selection, check_batch, check_rewards (one dry call)
+                               fit_prompts (chat messages need a template, coverage, answer
+                               lengths, prompt lengths), check_lr, check_selection,
+                               check_batch, check_rewards (one dry call)
     under torchrun             unseen_model (the tiny model every process must see)
 
 Notes (check_lr, check_selection, check_batch, check_answer_lengths) are said and the run goes on;
@@ -20,12 +21,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpo.algorithm.advantages import ADVANTAGES
-from grpo.algorithm.loss import AGGREGATIONS, COVARIANCE_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
+from grpo.algorithm.loss import COVARIANCE_LOSSES
 from grpo.inputs import Agent, Data, agent_of, prompt_texts, source_of
-from grpo.config import ALGORITHMS, ConfigError, OptimConfig, TrainConfig
+from grpo.config import ConfigError, OptimConfig, TrainConfig
 from grpo.config.plan import plan_of
-from grpo.data import DataError, coverage_note
+from grpo.config.rules import unknown_choice
+from grpo.data import DataError, check_messages_templated, coverage_note
 from grpo.rewards import REWARDS, RewardError, RewardFn, faults, score
 from grpo.rewards.answers import parsed_gold
 from grpo.rewards.code import CodeTests, CodeTestsError, spec_from_row
@@ -47,16 +48,12 @@ def check_push(c: TrainConfig) -> None:
 
 
 def check_choices(config: TrainConfig) -> None:
-    """Names that pick a table entry must name one; the error lists the choices."""
-    tables = {"advantage": ADVANTAGES, "loss_type": POLICY_LOSSES, "aggregation": AGGREGATIONS,
-              "kl_estimator": KL_ESTIMATORS}
-    values = config.flat()
-    for key, table in tables.items():
-        if values[key] not in table:
-            preset = (f" ({values[key]!r} is a preset here: algorithm={values[key]} sets this key "
-                      "and its companions)" if values[key] in ALGORITHMS else "")
-            raise ConfigError(f"config key '{key}': unknown choice {values[key]!r}; "
-                        f"choose one of {sorted(table)}{preset}")
+    """Names that pick a table entry must name one: build_config refuses them already (the rule
+    `table_choices` of config/rules.py), and this holds a config changed since
+    (dataclasses.replace) to the same rule."""
+    message = unknown_choice(config.flat())
+    if message:
+        raise ConfigError(message)
 
 
 def check_world(c: TrainConfig, world: distributed.World) -> None:
@@ -206,7 +203,11 @@ def fit_prompts(config: TrainConfig, tokenizer, context: int | None, data: Data,
     """Rows whose templated prompt plus `max_new_tokens` exceed the model's context: an error
     naming the first and counting them all (long_prompts=error), or left out and counted (skip),
     said louder when that is most of them. Never truncated. Characters the tokenizer cannot
-    represent are reported first (data.coverage_note); then `check_answer_lengths`."""
+    represent are reported first (data.coverage_note), after prompts of chat messages without a
+    template (refused, all counted); then `check_answer_lengths`."""
+    for name in ("train_rows", "eval_rows"):
+        check_messages_templated(tokenizer, getattr(data, name), config.model.chat_template,
+                                 source_of(config, name))
     note = coverage_note(tokenizer, {"train": data.train_rows, "held-out": data.eval_rows},
                          f"model {config.model.model}")
     if note:

@@ -7,6 +7,8 @@ start on the `largest` task's demonstrations, then GRPO.
     sections.py   the section dataclasses, each key's default and docstring (its help text)
     load.py       YAML files and `key=value` overrides read and typed; unknown keys explained;
                   `grpo train --help` and docs/config.md written from the docstrings
+    foreign.py    names from TRL, transformers and verl, and what each is here (for unknown keys'
+                  errors), and what TRL's values of loss_type are here
     rules.py      each numeric key's range and the rules across keys, one table of named checks
     presets.py    `algorithm=NAME`: the keys each paper sets
     plan.py       what the config decides about the algorithm, decided once at start

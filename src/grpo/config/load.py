@@ -15,16 +15,18 @@ from pathlib import Path
 
 import yaml
 
+from grpo.config.foreign import FOREIGN_KEYS, named_key
 from grpo.config.presets import ALGORITHMS
 from grpo.config.rules import validate
-from grpo.config.sections import SECTIONS, ConfigError, LossConfig, RunConfig, TrainConfig
+from grpo.config.sections import (SECTIONS, ConfigError, LossConfig, RunConfig, TrainConfig,
+                                  section_fields)
 
 
 def _section_of() -> dict[str, tuple[str, dataclasses.Field, type]]:
     """key -> (section attribute, field, section class)."""
     hints = {cls: typing.get_type_hints(cls) for cls in SECTIONS}
     out = {}
-    for sfield in dataclasses.fields(TrainConfig):
+    for sfield in section_fields():
         cls = sfield.default_factory
         for f in dataclasses.fields(cls):
             out[f.name] = (sfield.name, f, hints[cls][f.name])
@@ -45,60 +47,12 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
-# Names that users bring from TRL's GRPOConfig and transformers' TrainingArguments, and what each
-# is here: the key that holds the same setting, or why no key does. They stay unknown keys (the
-# config is strict); the error says the right name instead of the nearest spelling.
-_PER_STEP = ("a step samples prompts_per_step prompts with group_size completions each, so set "
-             "those two (micro_batch_size or micro_batch_tokens split the step's passes)")
-FOREIGN_KEYS = {
-    "learning_rate": "lr", "num_generations": "group_size", "max_completion_length": "max_new_tokens",
-    "max_steps": "steps", "lr_scheduler_type": "lr_schedule", "logging_steps": "log_every",
-    "save_steps": "save_every", "save_total_limit": "keep_last", "eval_steps": "eval_every",
-    "model_name_or_path": "model", "dataset_name": "dataset", "dataset_train_split": "dataset_split",
-    "dataset_test_split": "eval_split", "reward_funcs": "rewards", "torch_dtype": "dtype",
-    "mask_truncated_completions": "mask_truncated", "ref_model_sync_steps": "ref_reset_every",
-    "ref_model_mixup_alpha": "ref_update_rate", "epsilon_low": "epsilon", "target_modules":
-    "lora_target_modules",
-    "num_train_epochs": "has no equivalent here: steps counts GRPO steps of prompts_per_step "
-                        "prompts each (an epoch of the dataset is its rows / prompts_per_step steps)",
-    "per_device_train_batch_size": f"has no single equivalent here: {_PER_STEP}",
-    "gradient_accumulation_steps": f"has no equivalent here: {_PER_STEP}, and a step's gradients "
-                                   "are summed over its passes before its one optimizer step",
-    "generation_batch_size": f"has no equivalent here: {_PER_STEP}",
-    "per_device_eval_batch_size": "has no equivalent here: evaluation batches itself; eval_size "
-                                  "sets how many held-out prompts are scored",
-    "max_prompt_length": "has no equivalent here: prompts are never truncated; long_prompts=skip "
-                         "leaves out those that do not fit the model's context",
-    "warmup_ratio": "has no equivalent here: warmup_steps counts steps",
-    "use_vllm": "has no equivalent here: set sampler=vllm",
-    "bf16": "has no equivalent here: set mixed_precision=bf16 (or dtype=bfloat16)",
-    "use_peft": "has no equivalent here: set lora_r=N (N > 0 trains a LoRA adapter)",
-    "scale_rewards": "has no equivalent here: advantage=group_norm scales by the group's std, "
-                     "group_mean (Dr. GRPO) does not",
-    "sync_ref_model": "has no equivalent here: ref_reset_every=N refreshes the reference every N "
-                      "steps (ref_update_rate sets how far)",
-    "vllm_importance_sampling_cap": "tis_cap",
-    "importance_sampling_level": "has no equivalent here: loss_type=gspo takes the sequence's ratio",
-    # verl's names (the last part of its nested keys), and the few that only a path makes clear
-    "kl_coef": "beta", "kl_loss_coef": "beta", "use_kl_in_reward": "kl_in_reward",
-    "kl_loss_type": "kl_estimator", "clip_ratio": "epsilon", "clip_ratio_low": "epsilon",
-    "clip_ratio_high": "epsilon_high", "clip_ratio_c": "clip_c", "ppo_epochs": "num_iterations",
-    "loss_agg_mode": "aggregation", "adv_estimator": "advantage", "grad_clip": "max_grad_norm",
-    "lr_warmup_steps": "warmup_steps", "total_training_steps": "steps", "train_batch_size":
-    "prompts_per_step", "ppo_micro_batch_size_per_gpu": "micro_batch_size", "max_response_length":
-    "max_new_tokens", "gpu_memory_utilization": "vllm_gpu_memory_utilization", "lora_rank": "lora_r",
-    "train_files": "dataset", "val_files": "eval_dataset", "prompt_key": "prompt_column",
-    "save_freq": "save_every", "test_freq": "eval_every", "default_local_dir": "output_dir",
-    "rollout_is_threshold": "correction_cap", "rollout_rs_threshold": "correction_cap",
-    "rollout_rs_threshold_lower": "correction_cap_low", "model.path": "model", "model.name": "model",
-    "rollout.n": "group_size",
-    "total_epochs": "has no equivalent here: steps counts GRPO steps of prompts_per_step prompts each",
-    "ppo_mini_batch_size": f"has no equivalent here: {_PER_STEP}, and num_iterations sets the "
-                           "updates per batch",
-    "use_kl_loss": "has no equivalent here: beta > 0 is a KL loss term, kl_in_reward=true puts the "
-                   "KL in the reward instead",
-    "entropy_coeff": "has no equivalent here: there is no entropy bonus (the entropy is logged)",
-}
+# How close a misspelling must be for its nearest key to be named: difflib's ratio, twice the
+# matching characters over both names' lengths. 0.75 is one slip in a four-letter key (sede: seed)
+# and two in an eight-letter one (grup_size: group_size 0.95, lrr: lr 0.8); below it the nearest
+# key is a guess, and for another tool's name a wrong one (delta: beta 0.67, vllm_mode: vllm_sleep
+# 0.63), so none is named.
+NEAR = 0.75
 
 
 def _ours(path: str) -> str | None:
@@ -109,14 +63,14 @@ def _ours(path: str) -> str | None:
         name = ".".join(parts[i:])
         if name in KEYS:
             return name
-        if FOREIGN_KEYS.get(name) in KEYS:
-            return FOREIGN_KEYS[name]
+        if named_key(FOREIGN_KEYS.get(name, "")) in KEYS:
+            return named_key(FOREIGN_KEYS[name])
     return None
 
 
 def _explain_unknown(key: str) -> str:
-    """What an unknown key most likely meant: a key's other name, a section, or the nearest key,
-    the nearest among our keys and the names other tools give them."""
+    """What an unknown key most likely meant: a key's other name (FOREIGN_KEYS), a section, or the
+    nearest key, the nearest among our keys and the names other tools give them, when it is NEAR."""
     if "." in key:
         ours = _ours(key)
         return (f"the config is flat: write '{ours}'" if ours else
@@ -133,11 +87,14 @@ def _explain_unknown(key: str) -> str:
         found = difflib.get_close_matches(key, names, n=1, cutoff=0.0)
         return found[0], difflib.SequenceMatcher(None, key, found[0]).ratio()
     near, score = nearest(list(KEYS))
-    aliases = [name for name, known in FOREIGN_KEYS.items() if known in KEYS and "." not in name]
+    aliases = [name for name, meaning in FOREIGN_KEYS.items()
+               if named_key(meaning) in KEYS and "." not in name]
     alias, alias_score = nearest(aliases)
+    if max(score, alias_score) < NEAR:
+        return "no key here is close to it"
     if alias_score > score:                         # learnig_rate: learning_rate, which is lr
-        return f"the nearest valid key is '{FOREIGN_KEYS[alias]}' ('{alias}' is called " \
-               f"'{FOREIGN_KEYS[alias]}' here)"
+        ours = named_key(FOREIGN_KEYS[alias])
+        return f"the nearest valid key is '{ours}' ('{alias}' is called '{ours}' here)"
     return f"the nearest valid key is '{near}'"
 
 
@@ -164,7 +121,7 @@ def unknown_keys_error(keys: list[str]) -> ConfigError:
     """One error for every unknown key, each with what it most likely meant."""
     if len(keys) == 1:
         what = _explain_unknown(keys[0])
-        sep = "; " if what.startswith("the nearest") else ": "
+        sep = "; " if what.startswith(("the nearest", "no key")) else ": "
         return ConfigError(f"unknown config key '{keys[0]}'{sep}{what} "
                            "(`grpo train --help` lists them all)")
     parts = "; ".join(f"'{k}': {_explain_unknown(k)}" for k in keys)
@@ -285,7 +242,7 @@ def build_config(values: dict | None = None) -> TrainConfig:
         section, _, hint = KEYS[key]
         per_section.setdefault(section, {})[key] = _coerce(key, value, hint)
     config = TrainConfig(**{s.name: s.default_factory(**per_section.get(s.name, {}))
-                            for s in dataclasses.fields(TrainConfig)})
+                            for s in section_fields()}, set_keys=frozenset(values))
     validate(config)
     return config
 

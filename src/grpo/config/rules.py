@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.config.foreign import choice_hint
 from grpo.config.sections import ConfigError, TrainConfig
 
 
@@ -139,6 +140,28 @@ class Rule:
     message, or None when the config passes."""
     name: str
     check: Callable[[dict], str | None]
+
+
+# The keys that name an entry of a table in grpo.algorithm (ADVANTAGES, POLICY_LOSSES,
+# AGGREGATIONS, KL_ESTIMATORS), with the tables' names in their order: this layer may not import
+# that one, and tests/test_foreign_names.py holds the two equal.
+TABLE_CHOICES: dict[str, tuple[str, ...]] = {
+    "advantage": ("group_norm", "group_mean", "batch_norm", "rloo", "reinforce_pp",
+                  "reinforce_pp_baseline"),
+    "loss_type": ("clip", "dual_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"),
+    "aggregation": ("sequence_mean", "token_mean", "constant", "sequence_sum"),
+    "kl_estimator": ("k1", "k2", "k3"),
+}
+
+
+def unknown_choice(c: dict) -> str | None:
+    """A key of TABLE_CHOICES that names no entry: the choices, and what the value most likely
+    meant (TRL's meaning of it, a preset of that name)."""
+    for key, choices in TABLE_CHOICES.items():
+        if c[key] not in choices:
+            return (f"config key '{key}': unknown choice {c[key]!r}; choose one of "
+                    f"{sorted(choices)}{choice_hint(key, c[key])}")
+    return None
 
 
 def _vllm_server_needs_url(c: dict) -> str | None:
@@ -320,6 +343,7 @@ def _async_dynamic_sampling_one_worker(c: dict) -> str | None:
 
 # The rules across keys, checked in this order after BOUNDS; the first that fails is the error.
 RULES: tuple[Rule, ...] = (
+    Rule("table_choices", unknown_choice),
     Rule("mixed_precision_choice", _one_of("mixed_precision", "no", "bf16")),
     Rule("bf16_needs_float32", _bf16_needs_float32),
     Rule("tool_format_choice", _one_of("tool_format", "plain", "hermes")),

@@ -88,7 +88,8 @@ class DataConfig:
     `datasets`' Image feature, bytes); empty uses `images` or `image` when present. Needs a
     vision-language model (docs/guides/vision.md)."""
     system_prompt: str = ""
-    """System message placed before each prompt when a chat template is used."""
+    """System message placed before each prompt when a chat template is used. A conversation
+    that holds a system message of its own keeps that one (said at start, with the count)."""
     long_prompts: str = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context: `error` stops at load
     naming the row and counting them all; `skip` leaves such rows out and counts them (said louder
@@ -466,9 +467,23 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # the keys its values set (not defaults, presets or implied keys): build_config's; what
+    # train() is given later (rows for `dataset`) implies keys the user did not set
+    set_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the model computes in: bfloat16 under mixed_precision=bf16 (float32 weights),
+        else the weights' own. An engine (vLLM) serves the policy in it."""
+        return "bfloat16" if self.optim.mixed_precision == "bf16" else self.model.dtype
 
     def flat(self) -> dict:
         """Every key and its value, as written in a YAML file."""
-        sections = [getattr(self, s.name) for s in dataclasses.fields(self)]
+        sections = [getattr(self, s.name) for s in section_fields()]
         return {f.name: getattr(section, f.name)
                 for section in sections for f in dataclasses.fields(section)}
+
+
+def section_fields() -> list[dataclasses.Field]:
+    """TrainConfig's sections (ModelConfig, ...), each a field holding its keys."""
+    return [f for f in dataclasses.fields(TrainConfig) if f.name != "set_keys"]

@@ -5,7 +5,8 @@ model sees, tokenizer coverage) and `stream` (the prompt stream); `tasks/` holds
 
 from __future__ import annotations
 
-from grpo.data.prompts import coverage_note, format_prompt, tool_description, uncovered_characters
+from grpo.data.prompts import (check_messages_templated, coverage_note, format_prompt,
+                               system_prompt_note, tool_description, uncovered_characters)
 from grpo.data.rows import (ANSWER_COLUMNS, COMPRESSIONS, GIVEN, PROMPT_COLUMNS, Columns, DataError,
                             check_jsonl, demonstration_text, file_kind, fingerprint, first_line,
                             given_label, given_rows, hub_unreachable, load_rows, load_table,
@@ -13,7 +14,8 @@ from grpo.data.rows import (ANSWER_COLUMNS, COMPRESSIONS, GIVEN, PROMPT_COLUMNS,
 from grpo.data.stream import PromptStream, columns_of
 
 __all__ = ["ANSWER_COLUMNS", "COMPRESSIONS", "GIVEN", "PROMPT_COLUMNS", "Columns", "DataError",
-           "PromptStream", "check_jsonl", "columns_of", "coverage_note", "demonstration_text",
+           "PromptStream", "check_jsonl", "check_messages_templated", "columns_of", "coverage_note", "demonstration_text",
            "file_kind", "fingerprint", "first_line", "format_prompt", "given_label", "given_rows",
            "hub_unreachable", "load_rows", "load_table", "open_text", "prompt_column_of",
-           "prompt_value", "table_rows", "tool_description", "uncovered_characters"]
+           "prompt_value", "system_prompt_note", "table_rows", "tool_description",
+           "uncovered_characters"]

@@ -35,11 +35,7 @@ def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = ""
                        + [{"type": "text", "text": prompt}]}]
     if isinstance(prompt, list):
         if not has_template or chat_template == "none":
-            raise DataError("the prompt is a list of chat messages, but "
-                            + ("chat_template=none" if has_template else "the tokenizer has no "
-                               "chat template") + "; use a model with a chat template, or a "
-                            "dataset whose prompt column is text. Messages are never turned into "
-                            "their Python text")
+            raise DataError(f"the prompt is a list of chat messages, but {_untemplated(has_template)}")
         messages = list(prompt)
         if system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": system_prompt})
@@ -50,6 +46,48 @@ def format_prompt(tokenizer, prompt, chat_template: str, system_prompt: str = ""
         return _render(tokenizer, messages, tools, call_format)
     text = f"{system_prompt}\n{prompt}" if system_prompt else prompt
     return tool_description(tools, call_format) + text if tools else text
+
+
+def system_prompt_note(system_prompt: str, rows: list[dict], where: str) -> str | None:
+    """The rows `system_prompt` is not put in front of (format_prompt): conversations that hold a
+    system message of their own, which is kept. None when it is used everywhere, or unset."""
+    if not system_prompt:
+        return None
+    own = [r for r in rows if isinstance(r.get("prompt"), (list, tuple))
+           and any(isinstance(m, dict) and m.get("role") == "system" for m in r["prompt"])]
+    if not own:
+        return None
+    first = min(r.get("_row", 0) for r in own) + 1
+    return (f"system_prompt is not used for {len(own):,} of the {len(rows):,} rows of {where} (the "
+            f"first: row {first}): their messages hold a system message of their own, which is "
+            "kept; leave system_prompt out, or take the system message out of those rows")
+
+
+def _untemplated(has_template: bool, rows: str = "") -> str:
+    """Why messages cannot be rendered, `rows` (which rows hold them), and what to do."""
+    if has_template:
+        return (f"chat_template=none{rows}. Set chat_template=auto to use the tokenizer's own, or "
+                "give the prompts as text. Messages are never turned into their Python text")
+    return (f"the tokenizer has no chat template{rows}. Give one with chat_template=FILE (a Jinja "
+            "file) or chat_template='{% for m in messages %}...' (its text), use a model whose "
+            "tokenizer has one, or give the prompts as text. Messages are never turned into their "
+            "Python text")
+
+
+def check_messages_templated(tokenizer, rows: list[dict], chat_template: str, where: str) -> None:
+    """Rows whose prompt is a list of chat messages need a chat template; without one (or with
+    chat_template=none), one error for them all before any is formatted: the first in the file's
+    order (not the shuffled one), how many there are, and what to do."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if has_template and chat_template != "none":
+        return
+    chat = sorted(r.get("_row", i) + 1 for i, r in enumerate(rows) if isinstance(r.get("prompt"), list))
+    if not chat:
+        return
+    shown = ", ".join(map(str, chat[:5])) + (", ..." if len(chat) > 5 else "")
+    raise DataError(f"{where} row {chat[0]}: the prompt is a list of chat messages, but "
+                    + _untemplated(has_template, f" (rows {shown}: {len(chat)} of {len(rows)} "
+                                                 "rows hold messages)"))
 
 
 def _render(tokenizer, messages: list[dict], tools, call_format: str) -> str:
