@@ -97,6 +97,22 @@ def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimiz
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
+def moved_fraction(params, lr: float) -> float:
+    """The share of these weights that a step of size `lr` changes in their own dtype: AdamW's
+    step is at most about lr per weight (exactly lr on its first step), and a weight moves only
+    where that is at least half the spacing between its dtype's neighbouring values. In bfloat16
+    (8 significant bits) a step of 1e-6 moves only weights below about 2.6e-4 in magnitude, so on
+    a pretrained model almost every update rounds away; in float32 almost every weight moves."""
+    moved = total = 0
+    with torch.no_grad():
+        for p in params:
+            for part in p.detach().reshape(-1).split(1 << 22):
+                step = torch.full_like(part, lr)
+                moved += int(((part + step) != part).logical_or_((part - step) != part).sum())
+                total += part.numel()
+    return moved / total if total else 1.0
+
+
 def make_scheduler(optimizer, warmup_steps: int, total_steps: int, schedule: str):
     """Linear warmup reaching the full rate after `warmup_steps`, then constant or cosine decay to
     0 at `total_steps`. Stepped once per GRPO step, however many updates (mu) a step makes."""

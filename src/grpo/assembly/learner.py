@@ -155,7 +155,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
             if world.is_main:          # what runs killed on this machine left in RAM or on disk
                 for left in sweep_weights(s.vllm_weights_dir or "/dev/shm"):
                     log(f"removed the weights a run no longer running left: {left}")
-            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s, dtype=c.model.dtype,
+            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s, dtype=c.compute_dtype,
                                         weights_dir=s.vllm_weights_dir or None) for url in s.vllm_url]
         except EngineError as e:
             raise ConfigError(f"config key 'vllm_url': {e}") from None
@@ -167,7 +167,7 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
         from grpo.sampling.vllm import VLLMEngine, VLLMUnavailable
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         try:
-            engine = VLLMEngine(whole_model(base.name_or_path), seed=c.run.seed, dtype=c.model.dtype,
+            engine = VLLMEngine(whole_model(base.name_or_path), seed=c.run.seed, dtype=c.compute_dtype,
                                 gpu_memory_utilization=s.vllm_gpu_memory_utilization,
                                 sleep=s.vllm_sleep, lora_rank=c.model.lora_r)
         except VLLMUnavailable as e:

@@ -152,6 +152,41 @@ def given_model(config: TrainConfig, model, tokenizer, log: Callable[[str], None
     return policy, tokenizer
 
 
+ROUNDED_AWAY_REFUSED = 0.5   # fewer weights than this share moved by an lr-sized step: refused
+ROUNDED_AWAY_NOTED = 0.9     # fewer than this: said at start
+
+
+def check_precision(config: TrainConfig, policy, log: Callable[[str], None] = to_stderr,
+                    given: bool = False) -> None:
+    """Weights whose dtype is too coarse for the learning rate: AdamW's step (at most about lr a
+    weight) is below half the spacing between neighbouring values of most bfloat16 weights at the
+    learning rates RL uses, so the update rounds away and nothing trains, silently. The share of
+    trainable weights an lr-sized step moves (update.moved_fraction, measured on these weights) is
+    refused under ROUNDED_AWAY_REFUSED and said under ROUNDED_AWAY_NOTED, with the fix: float32
+    weights and bfloat16 compute (mixed_precision=bf16). `given`: a model given to train()."""
+    from grpo.update import moved_fraction
+    params = [p for p in policy.parameters() if p.requires_grad]
+    coarse = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype != torch.float32})
+    if not coarse:
+        return
+    rates = [("lr", config.optim.lr)] + ([("sft_lr", config.run.sft_lr)] if config.run.sft_steps else [])
+    for key, lr in rates:
+        moved = moved_fraction(params, lr)
+        if moved >= ROUNDED_AWAY_NOTED:
+            continue
+        held, fix = (("the model given to train() holds", "give train() model.float() and set "
+                      "mixed_precision=bf16") if given else
+                     (f"dtype={config.model.dtype} loads", "dtype=float32 mixed_precision=bf16"))
+        said = (f"config key '{key}': a step of {key}={lr:g} changes only {moved:.1%} of the "
+                f"trainable weights: {held} {'/'.join(coarse)} weights, and for the rest the step "
+                "is below half the spacing between neighbouring values, so it rounds away and they "
+                f"never train. Train float32 weights with bfloat16 compute: {fix} "
+                "(docs/performance.md)")
+        if moved < ROUNDED_AWAY_REFUSED:
+            raise ConfigError(f"{said}, or raise {key}")
+        log(said)
+
+
 def set_checkpointing(model, on: bool) -> None:
     """Activation checkpointing per decoder layer in the passes that build a graph: the lean
     decoder reads `grpo_checkpointing`; Hugging Face's forward (heads that are more than a linear

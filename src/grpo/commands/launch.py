@@ -98,7 +98,7 @@ def served_model(config, work: Path) -> str:
 def server_command(config, model: str, port: int) -> list[str]:
     """`vllm serve` with what the run needs (sampling/vllm.py writes vLLM's flags)."""
     from grpo.sampling.vllm_server import serve_command
-    return serve_command(model, port, seed=config.run.seed, dtype=config.model.dtype,
+    return serve_command(model, port, seed=config.run.seed, dtype=config.compute_dtype,
                          gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization)
 
 
