@@ -41,8 +41,8 @@ def test_rows_and_a_dataset_object_are_taken_as_they_are(tmp_path, tiny_model_di
     evals = [m for m in result.history if "eval/n" in m]
     assert [m["eval/n"] for m in evals] == [3.0, 3.0]
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["dataset"] == "(6 rows given to train())"
-    assert saved["eval_dataset"] == "(3 rows given to train())"
+    assert saved["dataset"] == "(6 rows given in Python)"
+    assert saved["eval_dataset"] == "(3 rows given in Python)"
 
 
 def test_a_bad_given_row_is_named_by_its_position():
@@ -50,7 +50,7 @@ def test_a_bad_given_row_is_named_by_its_position():
     rows[2] = {"prompt": "2+0=", "answer": ""}
     rows[3] = {"prompt": "3+0=", "answer": None}
     c = build_config({"sft_steps": 0, "steps": 1})
-    with pytest.raises(DataError, match=r"\(4 rows given to train\(\)\) row 3: answer '' holds no value"
+    with pytest.raises(DataError, match=r"\(4 rows given in Python\) row 3: answer '' holds no value"
                                         r".*2 of the 4 rows"):
         train(c, dataset=rows, log=lambda line: None, write_files=False)
 
@@ -143,3 +143,92 @@ def test_push_to_hub_without_a_token_or_offline_stops_before_training(tmp_path, 
     assert not (tmp_path / "run" / "final").exists()
     with pytest.raises(ConfigError, match=r"config key 'push_to_hub' .*user/name"):
         build_config({"push_to_hub": "not a repo"})
+
+
+# ---- a newcomer's first hour: the cold start, the records, evaluate(), quiet libraries --------------
+
+def _small(tmp_path, **keys) -> dict:
+    return {"steps": 1, "eval_every": 1, "prompts_per_step": 2, "group_size": 2,
+            "max_new_tokens": 4, "output_dir": str(tmp_path / "run"), **keys}
+
+
+def _lengths(prompts, completions, **columns):
+    return [float(len(c)) for c in completions]
+
+
+def test_rows_given_turn_the_demos_cold_start_off_unless_it_is_set(tmp_path, tiny_model_dir):
+    """Rows given to train() are a dataset= as a file is: sft_steps is 0 unless set (it stopped
+    with a cold-start error telling the user to leave out the sft_steps they had left out)."""
+    lines = []
+    result = train(build_config(_small(tmp_path, model=str(tiny_model_dir))), dataset=_rows(4),
+                   eval_dataset=_rows(2, start=9), reward_fns=[_lengths], log=lines.append)
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["sft_steps"] == 0
+    assert any("cold start: off (sft_steps=0, the default with dataset=)" in line for line in lines)
+    c = build_config(_small(tmp_path, model=str(tiny_model_dir), sft_steps=10,
+                            output_dir=str(tmp_path / "again")))
+    with pytest.raises(ConfigError, match=r"config key 'sft_steps' asks for a cold start"):
+        train(c, dataset=_rows(4), reward_fns=[_lengths], log=lambda line: None)
+    # the records: steps and evaluations apart (history[-1] is the final evaluation)
+    assert "eval/accuracy" in result.history[-1] and "reward/mean" not in result.history[-1]
+    assert [m["step"] for m in result.steps] == [1] and "reward/mean" in result.steps[-1]
+    assert [m["step"] for m in result.evaluations] == [0, 1]
+
+
+def test_the_reward_line_says_rows_given_in_python(tmp_path, tiny_model_dir):
+    lines = []
+    train(build_config(_small(tmp_path, model=str(tiny_model_dir))), dataset=_rows(4),
+          eval_dataset=_rows(2, start=9), log=lines.append)
+    said = next(line for line in lines if line.startswith("rewards:"))
+    assert said.endswith("eval/accuracy: math_accuracy, for rows given to train()"), said
+
+
+def test_evaluate_a_run_a_loaded_model_and_a_file_with_ones_own_reward(tmp_path, tiny_model_dir):
+    from grpo.train import evaluate
+    result = train(build_config(_small(tmp_path, model=str(tiny_model_dir))), dataset=_rows(4),
+                   eval_dataset=_rows(3, start=20), reward_fns=[_lengths], log=lambda line: None)
+    seen = []
+
+    def counted(prompts, completions, answer, **columns):
+        seen.extend(answer)
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    lines = []
+    scores = evaluate(result.run_dir, dataset=_rows(5, start=40), reward_fns=[counted, _lengths],
+                      log=lines.append)
+    assert scores.metrics["eval/n"] == 5.0 and len(scores.rows) == 5
+    assert sorted(seen) == sorted(str(i) for i in range(40, 45))          # greedy: one each
+    assert scores.metrics["eval/accuracy"] == scores.metrics["eval/reward/counted/mean"]
+    lengths = [float(len(r["completions"][0])) for r in scores.rows]
+    assert scores.metrics["eval/reward/_lengths/mean"] == pytest.approx(sum(lengths) / 5)
+    assert scores.model == str(result.run_dir / "final")
+    assert any("eval/accuracy: counted (given to evaluate())" in line for line in lines)
+    # the same weights loaded, and a file of rows: the same greedy completions
+    f = tmp_path / "held.jsonl"
+    f.write_text("".join(f'{{"prompt": "{i}+0=", "answer": "{i}"}}\n' for i in range(40, 45)))
+    again = evaluate(result.policy, tokenizer=result.tokenizer, dataset=str(f),
+                     reward_fns=[counted], config={"max_new_tokens": 4}, log=lambda line: None)
+    assert [r["completions"] for r in again.rows] == [r["completions"] for r in scores.rows]
+    # a run whose held-out rows were given in Python: they are asked for, in evaluate's terms
+    with pytest.raises(DataError, match=r"given in Python and are not saved with the run.*"
+                                        r"grpo\.train\.evaluate\(run_dir, dataset=rows\)"):
+        evaluate(result.run_dir, log=lambda line: None)
+    with pytest.raises(DataError, match=r"evaluate\(dataset=\.\.\.\): row 2 is a str"):
+        evaluate(result.run_dir, dataset=[{"prompt": "a", "answer": "1"}, "b"],
+                 log=lambda line: None)
+
+
+def test_train_keeps_hugging_faces_progress_bars_off_and_restores_them(tmp_path, tiny_model_dir,
+                                                                       capfd):
+    """A Python caller saw transformers' "Loading weights" and "Writing model shards" bars
+    between grpo's own lines; the caller's own setting is put back afterwards."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.enable_progress_bar()
+    try:
+        train(build_config(_small(tmp_path, model=str(tiny_model_dir), eval_every=0, save_every=1)),
+              dataset=_rows(4), reward_fns=[_lengths], log=lambda line: None)
+        out, err = capfd.readouterr()
+        assert "Loading weights" not in err + out and "Writing model shards" not in err + out
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.disable_progress_bar()

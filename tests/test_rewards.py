@@ -413,3 +413,70 @@ def test_an_environment_or_tool_thread_counts_into_the_callers_scope():
     with faults.counting() as counts:
         assert with_deadline(lambda: faults.count("env", "z") or 7, 5.0) == (7, None)
     assert counts.metrics() == {"reward/env/zero/z": 1}
+
+
+# ---- what a reward is given for chat rows: text, or TRL's messages with as_messages ----------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_a_reward_gets_text_and_as_messages_gets_trls_form(tmp_path, tiny_model_dir):
+    """For a chat row a reward gets the prompt as the model saw it and the completion as text;
+    one marked as_messages gets TRL's form (TRL-ported `c[0]["content"]` raised TypeError before),
+    and for a text row the row's own prompt. Other rewards never see the raw prompts' column."""
+    from grpo.config import build_config
+    from grpo.rewards import as_messages
+    from grpo.train import train
+    seen = {}
+
+    def plain(prompts, completions, answer, **columns):
+        seen["plain"] = (prompts[0], completions[0], sorted(columns))
+        return [0.0] * len(completions)
+
+    @as_messages
+    def ported(prompts, completions, answer, **columns):
+        seen.setdefault("ported", []).append((prompts[0], completions[0], sorted(columns)))
+        return [float(len(c[0]["content"]) if isinstance(c, list) else len(c)) for c in completions]
+
+    chat = [{"prompt": [{"role": "system", "content": "You add."},
+                        {"role": "user", "content": f"{i}+1="}], "answer": str(i + 1), "level": i}
+            for i in range(4)]
+    c = build_config({"model": str(tiny_model_dir), "chat_template": CHAT_TEMPLATE, "steps": 1,
+                      "sft_steps": 0, "eval_every": 0, "prompts_per_step": 2, "group_size": 2,
+                      "max_new_tokens": 4})
+    train(c, dataset=chat, reward_fns=[plain, ported], log=lambda line: None, write_files=False)
+    prompt, completion, columns = seen["plain"]
+    assert prompt.startswith("system: You add.\nuser: ") and prompt.endswith("assistant:")
+    assert isinstance(completion, str) and columns == ["level"]
+    messages, completion, columns = seen["ported"][-1]
+    assert messages[0] == {"role": "system", "content": "You add."}
+    assert messages[1]["role"] == "user" and messages[1]["content"].endswith("+1=")
+    assert completion[0]["role"] == "assistant" and isinstance(completion[0]["content"], str)
+    assert columns == ["level"]
+    # a text row: the row's prompt text, before the chat template
+    seen.clear()
+    train(c, dataset=[{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)],
+          reward_fns=[ported], log=lambda line: None, write_files=False)
+    prompt, completion, _ = seen["ported"][-1]
+    assert prompt.endswith("+1=") and not prompt.startswith("user:") and isinstance(completion, str)
+
+
+def test_a_system_prompt_that_rows_override_is_said(tmp_path, tiny_model_dir):
+    from grpo.config import build_config
+    from grpo.train import train
+    rows = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},
+            {"prompt": [{"role": "system", "content": "Add."}, {"role": "user", "content": "2+1="}],
+             "answer": "3"},
+            {"prompt": [{"role": "system", "content": "Add."}, {"role": "user", "content": "3+1="}],
+             "answer": "4"}]
+    f = tmp_path / "chat.jsonl"
+    import json
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = []
+    c = build_config({"model": str(tiny_model_dir), "chat_template": CHAT_TEMPLATE, "steps": 1,
+                      "dataset": str(f), "system_prompt": "Think first.", "eval_every": 0,
+                      "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4})
+    train(c, log=lines.append, write_files=False)
+    assert any(line.startswith(f"system_prompt is not used for 2 of the 3 rows of {f} (the first: "
+                               "row 2)") for line in lines), lines

@@ -62,10 +62,11 @@ def sampling_at(sampler: Sampler, temperature: float, seed: int, device):
 def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data, record, step: int,
              on_batch: Callable[[int, float], None] | None = None,
              rows_file: str | Path | None = None,
-             log: Callable[[str], None] | None = None) -> float:
+             log: Callable[[str], None] | None = None, kept: list | None = None) -> float:
     """Score the held-out prompts; `record(metrics, step)`; return eval/accuracy (pass@1).
     `on_batch(prompts done, accuracy so far)` after each sampling call (`progress` shows it);
-    `log` hears why pass@k and maj@k are left out when they are."""
+    `log` hears why pass@k and maj@k are left out when they are; `kept` gets the per-row results
+    (as `rows_file` holds them)."""
     n = c.eval.eval_samples
     by_environment = data.accuracy_fn is None    # the environment's episode reward is the score
     with_votes = not by_environment and reward_name(data.accuracy_fn) != "code_tests"
@@ -111,10 +112,7 @@ def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data, rec
     if c.data.long_prompts == "skip":
         metrics["eval/skipped_long_prompts"] = float(skipped)
     if log is not None and any(k > 1 for k in c.eval.eval_k) and not binary_scores(results):
-        graded = next(v for r in results for v in r["scores"] if v not in (None, 0.0, 1.0))
-        log(f"pass@k and maj@k left out (eval_k={list(c.eval.eval_k)}): eval/accuracy's reward, "
-            f"{inputs.accuracy_text(data)}, gave scores other than 0 and 1 (such as {graded:g}), "
-            "and they count a completion right only when its score is 1; pass@1 is its mean")
+        log(graded_note(c, data, results))
     for name, values in per_fn.items():
         if values:   # every completion unscorable: counted in eval/unscorable, no mean to log
             metrics[f"eval/reward/{name}/mean"] = sum(values) / len(values)
@@ -124,7 +122,17 @@ def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data, rec
     record(metrics, step)
     if rows_file is not None:
         write_rows(rows_file, results)
+    if kept is not None:
+        kept.extend(results)
     return metrics["eval/accuracy"]
+
+
+def graded_note(c: TrainConfig, data: inputs.Data, results: list[dict]) -> str:
+    """Why pass@k and maj@k are left out: a score other than 0 and 1."""
+    graded = next(v for r in results for v in r["scores"] if v not in (None, 0.0, 1.0))
+    return (f"pass@k and maj@k left out (eval_k={list(c.eval.eval_k)}): eval/accuracy's reward, "
+            f"{inputs.accuracy_text(data)}, gave scores other than 0 and 1 (such as {graded:g}), "
+            "and they count a completion right only when its score is 1; pass@1 is its mean")
 
 
 def progress(total: int, log: Callable[[str], None]) -> Progress:

@@ -16,6 +16,7 @@ evaluation and checkpoints, and writes the final model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -28,9 +29,9 @@ import torch
 
 from grpo import assembly
 from grpo.assembly import Finished, Run, assemble
-from grpo.config import TrainConfig, to_yaml
+from grpo.config import ConfigError, TrainConfig, to_yaml
 from grpo.data import first_line
-from grpo.evaluate import evaluate, progress as eval_progress
+from grpo.evaluate import evaluate as evaluate_rows, progress as eval_progress
 from grpo.models import adapter_base, is_adapter_dir, load_policy, update_reference
 from grpo.rewards import RewardFn
 from grpo.run import distributed, resume
@@ -38,7 +39,7 @@ from grpo.run.checkpoint import (CheckpointError, fault_point, run_lock, save_mo
                                  storage_fault)
 from grpo.run.metrics import (RunawayWatch, metrics_line, sample_records, sampler_gap_warning,
                               unscored_warning)
-from grpo.run.progress import Progress
+from grpo.run.progress import Progress, libraries_quiet
 from grpo.run.tracking import NullTracker, RunTracker
 from grpo.step import TrainingError, grpo_step
 
@@ -46,9 +47,83 @@ from grpo.step import TrainingError, grpo_step
 @dataclass
 class RunResult:
     run_dir: Path
-    history: list[dict]
+    history: list[dict]       # metrics.jsonl's records: steps and evaluations, in order
     policy: torch.nn.Module
     tokenizer: object
+
+    @property
+    def steps(self) -> list[dict]:
+        """The training steps' records (`reward/mean`, `kl`, ...), step 1 first."""
+        return [m for m in self.history if not is_evaluation(m)]
+
+    @property
+    def evaluations(self) -> list[dict]:
+        """The held-out evaluations' records (`eval/accuracy`, `eval/n`, ...), step 0 first."""
+        return [m for m in self.history if is_evaluation(m)]
+
+
+def is_evaluation(record: dict) -> bool:
+    return "eval/accuracy" in record
+
+
+@dataclass
+class EvalResult:
+    metrics: dict             # eval/accuracy, eval/n, eval/reward/NAME/mean, pass@k, ... (grpo eval's)
+    rows: list[dict]          # per prompt: row, prompt, answer, completions, scores, answers
+    model: str                # what was evaluated
+
+
+def evaluate(model, *, dataset=None, reward_fns: list[RewardFn] | None = None,
+             config: dict | None = None, tokenizer=None, rows_file: str | Path | None = None,
+             log: Callable[[str], None] = print) -> EvalResult:
+    """`grpo eval` from Python. `model`: a run directory (its trained weights and the keys it was
+    trained with, as grpo eval takes them), its final/ or a checkpoint, a model directory or hub
+    name, or a loaded model with its `tokenizer`. `dataset`: the held-out rows (a list of dicts,
+    a datasets.Dataset, or a file or hub name); default: the run's or the task's held-out rows.
+    `reward_fns`: what the completions are scored with (the first is eval/accuracy, each one's
+    mean is eval/reward/NAME/mean); default: what training evaluates with. `config`: keys, as
+    build_config takes them (eval_samples, eval_k, max_new_tokens, ...), winning over a run's.
+    `rows_file`: where the per-row results are written too (none by default)."""
+    from grpo.data import given_rows
+    values = dict(config or {})
+    rows = dataset if dataset is not None and not isinstance(dataset, (str, Path)) else None
+    if rows is not None:
+        given_rows(rows, call="evaluate(dataset=...)")     # not rows: said in the call's terms
+    if isinstance(dataset, (str, Path)):
+        values["eval_dataset"] = str(dataset)
+    if isinstance(model, (str, Path)):
+        values["model"] = str(model)
+    elif model is None:
+        raise ConfigError("evaluate(model): give a run directory, a model directory or hub name, "
+                          "or a loaded model with tokenizer=")
+    with libraries_quiet():
+        return _evaluate(model, values, rows, reward_fns, tokenizer, rows_file, log)
+
+
+def _evaluate(model, values: dict, rows, reward_fns, tokenizer, rows_file, log) -> EvalResult:
+    """`evaluate`, with `values` holding the keys (model and a held-out file among them)."""
+    from grpo.assembly import assemble_evaluation, setup_of
+    from grpo.data import GIVEN
+    said: list[str] = []
+    setup = setup_of(values, None, said.append)
+    c = setup.config
+    if rows is not None and GIVEN.fullmatch(c.data.eval_dataset or ""):
+        c = dataclasses.replace(c, data=dataclasses.replace(c.data, eval_dataset=""))
+    given = {"eval_dataset": rows} if rows is not None else {}
+    loaded_model = None if isinstance(model, (str, Path)) else model
+    run = assemble_evaluation(c, said.append, log, given=given, model=loaded_model,
+                              tokenizer=tokenizer, eval_fns=reward_fns)
+    for line in said:
+        log(line)
+    data = run.loaded.data
+    results: list[dict] = []
+    kept: list[dict] = []
+    with eval_progress(len(data.eval_rows), log) as bar:
+        evaluate_rows(run.loaded.config, run.sampler, run.loaded.tokenizer, data,
+                      lambda m, step: results.append(m), step=0, rows_file=rows_file, log=log,
+                      on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
+                      kept=kept)
+    return EvalResult(results[0], kept, run.loaded.config.model.model)
 
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
@@ -70,7 +145,8 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     world = distributed.setup()
     run_dir = Path(config.run.output_dir)
     try:
-        with run_lock(run_dir, world, take=write_files), storage_faults_said(run_dir):
+        with run_lock(run_dir, world, take=write_files), storage_faults_said(run_dir), \
+                libraries_quiet():
             return _train(config, reward_fns=reward_fns, tools=tools, environment=environment,
                           dataset=dataset, eval_dataset=eval_dataset, model=model,
                           tokenizer=tokenizer, engine=engine, log=log, write_files=write_files)
@@ -149,7 +225,7 @@ def evaluate_now(run: Run, record, step: int, steps_bar: Progress | None = None)
         rows_file = run.run_dir / "eval" / f"step-{step}.jsonl" if run.write_files else None
         with (steps_bar.paused() if steps_bar is not None else nullcontext()), \
                 eval_progress(len(run.data.eval_rows), run.log) as shown:
-            return evaluate(c, learner.sampler, run.tokenizer, run.data, record, step=step,
+            return evaluate_rows(c, learner.sampler, run.tokenizer, run.data, record, step=step,
                             rows_file=rows_file, on_batch=lambda done, accuracy:
                             shown.update(done, f"pass@1 {accuracy:.3f}"))
 

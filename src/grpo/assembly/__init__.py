@@ -17,7 +17,7 @@ layer, as the pipeline and evaluation read it too.
 from grpo.assembly.checks import (check_choices, check_lr, check_pipeline, check_selection,
                                   fit_prompts, unseen_model)
 from grpo.assembly.data import load_data, with_given
-from grpo.assembly.evaluation import EvalSetup, eval_setup, results_file
+from grpo.assembly.evaluation import EvalSetup, eval_setup, results_file, setup_of
 from grpo.assembly.learner import (cold_start, make_learner, make_sampler, resume_or_cold_start,
                                    with_fresh_adapter)
 from grpo.assembly.model import (add_lora, given_model, load_model_and_tokenizer, run_dir_of,
@@ -28,7 +28,7 @@ from grpo.assembly.run import (Evaluation, Finished, Loaded, Run, assemble, asse
 from grpo.config import ConfigError
 from grpo.inputs import Agent, Data, RewardUse, accuracy_text, agent_of, call_format_of, prompt_texts
 
-__all__ = ["assemble", "Run", "Finished", "EvalSetup", "eval_setup", "results_file", "assemble_evaluation", "Evaluation",
+__all__ = ["assemble", "Run", "Finished", "EvalSetup", "eval_setup", "setup_of", "results_file", "assemble_evaluation", "Evaluation",
            "assemble_command", "Loaded", "Data", "Agent", "RewardUse", "ConfigError",
            "load_data", "with_given", "load_model_and_tokenizer", "given_model", "add_lora",
            "set_checkpointing", "seed_everything", "run_dir_of", "run_settings", "run_weights",

@@ -13,7 +13,7 @@ from grpo.inputs import Data, load_agent
 from grpo.assembly.rewards import choose_accuracy, choose_rewards, resolve_reward, reward_line
 from grpo.config import ConfigError, TrainConfig
 from grpo.data import (GIVEN, Columns, DataError, demonstration_text, fingerprint, given_label,
-                       given_rows, load_rows)
+                       given_rows, load_rows, system_prompt_note)
 from grpo.data.tasks import get_task
 from grpo.rewards import RewardFn, math_accuracy, reward_name
 
@@ -23,7 +23,7 @@ TASK_EVAL_SIZE = 200   # held-out rows of a built-in task scored when eval_size 
 def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None) -> TrainConfig:
     """The config of a run given rows (`given`: config key -> a list of dicts or a
     datasets.Dataset) or a loaded model in Python: each key then records what was given (the
-    rows' `given_label`, the model's own name), so config.yaml says what the run used. A key set
+    rows' `given_label`, the model's own name and dtype), so config.yaml says what the run used. A key set
     to a file in the config and given rows too is an error: one of the two would be ignored."""
     import dataclasses
     data = {}
@@ -39,6 +39,9 @@ def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None) -> 
         data[key] = given_label(rows)
     if data:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, **data))
+    if "dataset" in data and "sft_steps" not in config.set_keys and config.run.sft_steps:
+        # as dataset=FILE implies (config.implied_keys): the demo's cold start is a built-in task's
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, sft_steps=0))
     if model is None and tokenizer is not None:
         raise ConfigError("train(tokenizer=...) is given without its model; give model=... too, "
                           "or neither (the config key 'model' then names both)")
@@ -47,8 +50,25 @@ def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None) -> 
             raise ConfigError("train(model=...) needs its tokenizer too: train(config, model=model, "
                               "tokenizer=tokenizer)")
         name = str(getattr(model, "name_or_path", "") or "") or "(a model given to train())"
-        config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=name))
+        dtype = weights_dtype(model, config.model.dtype)
+        if config.optim.mixed_precision != "no" and dtype != "float32":
+            raise ConfigError(f"config key 'mixed_precision': {config.optim.mixed_precision} keeps "
+                              f"float32 weights and computes in bfloat16, and the model given to "
+                              f"train() holds {dtype} weights; give it model.float()")
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=name,
+                                                                       dtype=dtype))
     return config
+
+
+def weights_dtype(model, default: str) -> str:
+    """The dtype a model given to train() trains in: that of most of its trainable weights (the
+    `dtype` key applies to models grpo loads), so config.yaml records what ran."""
+    counts: dict[str, int] = {}
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point():
+            name = str(p.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + p.numel()
+    return max(counts, key=counts.get) if counts else default
 
 
 def _rows_of(key: str, path: str, columns: Columns, config_name: str, split: str,
@@ -83,13 +103,14 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
               check_golds_now: bool = True, tools: list | None = None,
               environment: Callable[[], object] | None = None,
               log: Callable[[str], None] | None = None, given: dict | None = None,
-              held_out_only: bool = False) -> Data:
+              held_out_only: bool = False, eval_fns: list[RewardFn] | None = None) -> Data:
     """Rows, reward functions and demonstrations from the task or the dataset file, and the
     held-out rows from `eval_dataset` whenever it is set. Golds are checked at load for GRPO;
     cold-start-only use (`grpo sft`) needs none. `log` gets the rewards the run uses. `given`
     holds rows given to train() in Python, by key (`dataset`, `eval_dataset`; with_given).
     `held_out_only` (`grpo eval`): the training rows are neither read nor made (train_rows and
-    demonstrations empty), so a run whose training file is gone is still evaluated.
+    demonstrations empty), so a run whose training file is gone is still evaluated. `eval_fns`:
+    reward functions given to grpo.train.evaluate, in place of `eval_rewards`.
     Longer than about 60 lines: the order a run's rows, rewards, golds and agent are read in, said
     once."""
     d = config.data
@@ -132,8 +153,11 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     eval_rows = eval_rows[: d.eval_size or (TASK_EVAL_SIZE if not d.eval_dataset else None)]
     env_name = config.agent.environment or (reward_name(environment) if environment else "")
     reward_fns, uses = choose_rewards(config, reward_fns, task, env_name)
-    eval_fns = [resolve_reward(name, config) for name in config.eval.eval_rewards]
+    given_fns = list(eval_fns or [])
+    eval_fns = given_fns or [resolve_reward(name, config) for name in config.eval.eval_rewards]
     accuracy_fn, accuracy_source = choose_accuracy(config, reward_fns, task, env_name, eval_fns)
+    if given_fns:
+        accuracy_source = f"{reward_name(given_fns[0])} (given to evaluate())"
     if check_golds_now and d.dataset and math_accuracy in reward_fns:
         check_golds(d.dataset, train_rows, d.answer_column)
     if check_golds_now and d.eval_dataset and accuracy_fn is math_accuracy:
@@ -149,10 +173,19 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
                 reward_uses=uses, accuracy_source=accuracy_source, eval_rows_available=available,
                 eval_fns=eval_fns, fingerprints=fingerprints)
     if log is not None:
+        say_system_prompt(config, data, log)
         log(reward_line(data))
         if (cut := eval_cut_line(config, data)) is not None:
             log(cut)
     return data
+
+
+def say_system_prompt(config: TrainConfig, data: Data, log: Callable[[str], None]) -> None:
+    """Rows whose own system message stands for `system_prompt`, said (data.system_prompt_note)."""
+    d = config.data
+    for path, rows in ((d.dataset, data.train_rows), (d.eval_dataset, data.eval_rows)):
+        if path and (note := system_prompt_note(d.system_prompt, rows, path)):
+            log(note)
 
 
 def eval_cut_line(config: TrainConfig, data: Data) -> str | None:
@@ -172,6 +205,6 @@ def reading_note(key: str, path: str, split: str) -> str:
         return f"{key}: reading {path} ({where.stat().st_size / 1e6:.1f} MB)"
     if where.is_dir():
         return f"{key}: reading the files of {path}"
-    if path.startswith("("):      # rows given from Python: "(N rows given to train())"
+    if path.startswith("("):      # rows given from Python: "(N rows given in Python)"
         return f"{key}: {path}"
     return f"{key}: reading {path} (split {split}) from the hub or its cache"

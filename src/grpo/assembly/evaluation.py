@@ -34,7 +34,13 @@ def eval_setup(path: str | None, overrides: list[str],
     on_line = parse_overrides(overrides)
     as_config = run_weights_named(path) if path is not None else None
     from_file = load_yaml(path) if path is not None and as_config is None else {}
-    given = {**from_file, **on_line}
+    return setup_of({**from_file, **on_line}, as_config, log)
+
+
+def setup_of(given: dict, as_config: tuple[Path, Path | None] | None = None,
+             log: Callable[[str], None] = to_stderr) -> EvalSetup:
+    """eval_setup's config from the keys `given` (a file's, then the command line's; or those
+    given to grpo.train.evaluate) and the run named as the config (`as_config`), if any."""
     # whose weights: model='s run when a model is given (a model given wins), else CONFIG's run;
     # whose keys: CONFIG's run, else model='s
     evaluated = run_weights_named(str(given["model"])) if "model" in given else as_config

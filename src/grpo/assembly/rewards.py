@@ -7,7 +7,7 @@ from __future__ import annotations
 from grpo.inputs import Data, RewardUse, accuracy_text
 from grpo.config import ConfigError, TrainConfig
 from grpo.config.plan import plan_of
-from grpo.data import first_line
+from grpo.data import GIVEN, first_line
 from grpo.models import ModelError, model_source
 from grpo.rewards import RewardFn, get_reward, math_accuracy, reward_name
 from grpo.rewards.code import CodeTests
@@ -93,7 +93,8 @@ def choose_accuracy(config: TrainConfig, reward_fns: list[RewardFn], task, env_n
     if env_name and not reward_fns:
         return None, f"environment {env_name}'s episode reward"
     if config.data.dataset or config.data.eval_dataset:
-        return math_accuracy, "math_accuracy, for rows from a file"
+        given = all(GIVEN.fullmatch(p) for p in (config.data.dataset, config.data.eval_dataset) if p)
+        return math_accuracy, f"math_accuracy, for rows {'given to train()' if given else 'from a file'}"
     return get_reward(task.rewards[0]), f"{task.rewards[0]}, task {config.data.task}'s own reward"
 
 

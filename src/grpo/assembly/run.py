@@ -3,7 +3,8 @@
     config ──▶ with_given ──▶ checks on the config (choices, processes, trackers, engine, push)
            ──▶ checkpoint? (resume=; queued groups need async_steps) ──▶ finished: Finished
            ──▶ data, rewards, agent ──▶ model and tokenizer ──▶ checks on data and model
-               (async_steps off CUDA, images, prompt lengths, lr, selection, batch, rewards on one row)
+               (async_steps off CUDA, images, prompt lengths, lr, precision, selection, batch, rewards
+               on one row)
            ──▶ the policy GRPO starts from (resumed weights, or the cold start)
            ──▶ learner (reference, sampler, optimizer) ──▶ resumed state ──▶ group source
                (Plan.groups: inline, forked rollout workers, or an engine client)
@@ -25,10 +26,10 @@ import torch
 from grpo.assembly.checks import (check_batch, check_choices, check_engine, check_images, check_lr,
                                   check_pipeline, check_push, check_rewards, check_selection,
                                   check_world, fit_prompts, note_unused_server)
-from grpo.assembly.data import load_data, with_given
+from grpo.assembly.data import load_data, say_system_prompt, with_given
 from grpo.assembly.groups import group_source
 from grpo.assembly.learner import make_learner, make_sampler, resume_or_cold_start
-from grpo.assembly.model import given_model, load_model_and_tokenizer, seed_everything
+from grpo.assembly.model import check_precision, given_model, load_model_and_tokenizer, seed_everything
 from grpo.inputs import Data
 from grpo.config import ConfigError, TrainConfig
 from grpo.config.plan import plan_of
@@ -120,6 +121,7 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     check_images(c, tokenizer, data)
     fit_prompts(c, tokenizer, getattr(policy.config, "max_position_embeddings", None), data, log)
     check_lr(c, policy, log)
+    check_precision(c, policy, log, given=model is not None)
     check_selection(c, log, data.agent)
     check_batch(c, data, log)
     check_rewards(c, tokenizer, data)
@@ -166,22 +168,32 @@ class Loaded:
 
 def assemble_command(command: str, config: TrainConfig, *, run_dir: Path | None = None,
                      said: Callable[[str], None] | None = None,
-                     log: Callable[[str], None] = print) -> Loaded:
+                     log: Callable[[str], None] = print, given: dict | None = None,
+                     model=None, tokenizer=None, eval_fns: list[RewardFn] | None = None) -> Loaded:
     """The rows and model of `grpo eval`, `explain` or `sft` (COMMANDS), with training's checks
     in training's order (checks.py): the config's choices and engine before any load, images
     and prompt lengths once the model is loaded. `said` gets what is told while the rows load
     (eval shows it once the model has loaded, so that an error then is one line alone);
-    `run_dir` is where a tiny model is built (None: a temporary directory)."""
+    `run_dir` is where a tiny model is built (None: a temporary directory). `given`, `model`
+    and `tokenizer`: rows and a model given in Python, as train() takes them (with_given);
+    `eval_fns`: reward functions given to grpo.train.evaluate."""
     rows, samples = COMMANDS[command]
+    given = given or {}
+    config = with_given(config, given, model, tokenizer)
     seed_everything(config.run.seed)
     check_choices(config)
     if samples:
         check_engine(config)
     data = load_data(config, log=said, check_golds_now=command != "sft",
-                     held_out_only=rows == "held_out")
+                     held_out_only=rows == "held_out", given=given, eval_fns=eval_fns)
     if rows == "held_out" and not data.eval_rows:
         raise ConfigError("nothing to evaluate: set eval_dataset=FILE or use a built-in task")
-    policy, tokenizer = load_model_and_tokenizer(config, run_dir)
+    if said is None:        # load_data said it where it had a log
+        say_system_prompt(config, data, log)
+    if model is not None:
+        policy, tokenizer = given_model(config, model, tokenizer, log)
+    else:
+        policy, tokenizer = load_model_and_tokenizer(config, run_dir)
     check_images(config, tokenizer, data)
     if samples:
         fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None), data,
@@ -198,8 +210,10 @@ class Evaluation:
 
 
 def assemble_evaluation(config: TrainConfig, said: Callable[[str], None],
-                        log: Callable[[str], None]) -> Evaluation:
-    """`grpo eval`'s rows, model (assemble_command) and the sampler training evaluates with."""
-    loaded = assemble_command("eval", config, said=said, log=log)
+                        log: Callable[[str], None], **given_in_python) -> Evaluation:
+    """`grpo eval`'s rows, model (assemble_command) and the sampler training evaluates with;
+    `given_in_python`: assemble_command's `given`, `model`, `tokenizer`, `eval_fns`
+    (grpo.train.evaluate)."""
+    loaded = assemble_command("eval", config, said=said, log=log, **given_in_python)
     return Evaluation(loaded, make_sampler(config, loaded.policy, loaded.tokenizer,
                                            loaded.data.agent, log=log))

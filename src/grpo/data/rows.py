@@ -110,8 +110,10 @@ def load_table(path: str, config_name: str = "", split: str = "train"):
     import datasets
 
     if GIVEN.fullmatch(path):
-        raise DataError(f"{path}: these rows were given to train() in Python and are not saved with "
-                        "the run; give them again (train(config, dataset=rows)) or set the key to a file")
+        raise DataError(f"{path}: these rows were given in Python and are not saved with "
+                        "the run; give them again (train(config, dataset=rows), or "
+                        "grpo.train.evaluate(run_dir, dataset=rows) to evaluate) or set the key to a "
+                        "file (grpo eval RUN_DIR eval_dataset=FILE)")
     fmt, compression = file_kind(path)
     local = Path(path)
     if local.is_file():
@@ -198,23 +200,26 @@ def load_rows(path: str, columns: Columns = Columns(), config_name: str = "",
     return table_rows(table, table.column_names, columns, path, base)
 
 
-GIVEN = re.compile(r"\((\d+) rows given to train\(\)\)")
+GIVEN = re.compile(r"\((\d+) rows given (?:in Python|to train\(\))\)")   # the latter: older runs'
 
 
 def given_label(rows) -> str:
-    """What the config records for rows given to train() in Python, in place of a path."""
-    return f"({len(rows)} rows given to train())"
+    """What the config records for rows given to train() or evaluate() in Python, in place of
+    a path."""
+    return f"({len(rows)} rows given in Python)"
 
 
-def given_rows(value, columns: Columns = Columns(), key: str = "dataset") -> list[dict]:
-    """Rows given to train() in Python (`key` dataset or eval_dataset): a list of dicts or a
-    `datasets.Dataset`, read as a file's rows are; errors name them by `given_label`."""
+def given_rows(value, columns: Columns = Columns(), key: str = "dataset",
+               call: str | None = None) -> list[dict]:
+    """Rows given to train() in Python (`key` dataset or eval_dataset; `call` names the call
+    they were given to, train(key=...) by default): a list of dicts or a `datasets.Dataset`,
+    read as a file's rows are; errors name them by `given_label`."""
     try:
         import datasets
     except ImportError:     # a list of dicts needs no `datasets`
         datasets = None
 
-    call = f"train({key}=...)"
+    call = call or f"train({key}=...)"
     if datasets is None:
         pass
     elif isinstance(value, datasets.DatasetDict):

@@ -31,7 +31,13 @@ class PromptStream:
         return batch
 
 
+RAW_PROMPTS = "_grpo_prompt"   # the rows' prompts as the data holds them: text, or messages
+
+
 def columns_of(rows: list[dict], repeat: int) -> dict[str, list]:
-    """Every column but `prompt`, each value repeated for the `repeat` members of its group."""
-    keys = [k for k in rows[0] if k not in ("prompt", "_row")]
-    return {k: [row.get(k) for row in rows for _ in range(repeat)] for k in keys}
+    """Every column but `prompt`, each value repeated for the `repeat` members of its group; and
+    under RAW_PROMPTS the prompt as the row holds it, which only a reward marked
+    rewards.as_messages is given (the others get the prompt as the model saw it)."""
+    keys = [k for k in rows[0] if k not in ("prompt", "_row")] + [RAW_PROMPTS]
+    return {k: [row.get("prompt" if k == RAW_PROMPTS else k) for row in rows for _ in range(repeat)]
+            for k in keys}

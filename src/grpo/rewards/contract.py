@@ -5,6 +5,7 @@ which calls every function on a batch and sums their weighted rewards per row.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, final_answer, math_accuracy
 from grpo.rewards.code import code_tests
 from grpo.rewards import faults
+from grpo.data.stream import RAW_PROMPTS
 from grpo.sandbox.usercode import user_object
 
 RewardFn = Callable[..., list]
@@ -57,6 +59,28 @@ def get_reward(name: str) -> RewardFn:
     return user_object(name, REWARDS, what="reward function", error=RewardError)
 
 
+def as_messages(fn: RewardFn) -> RewardFn:
+    """A reward written in TRL's form: for a row whose prompt is a list of chat messages it gets
+    `prompts` as those messages (a list of {"role", "content"} per completion) and `completions` as
+    `[{"role": "assistant", "content": text}]`; for a text row, the row's prompt text (before any
+    chat template or system prompt) and the completion's text. Without it a reward gets both as
+    text: the prompt as the model saw it (chat template applied), the completion as sampled.
+
+        @as_messages
+        def right_answer(prompts, completions, answer, **columns):
+            return [float(c[0]["content"].strip().endswith(a)) for c, a in zip(completions, answer)]
+    """
+    @functools.wraps(fn)
+    def in_messages(prompts, completions, **columns):
+        raw = columns.pop(RAW_PROMPTS, None) or list(prompts)
+        chat = [isinstance(p, (list, tuple)) for p in raw]
+        return fn([list(p) if c else p for p, c in zip(raw, chat)],
+                  [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, chat)],
+                  **columns)
+    in_messages.takes_raw_prompts = True
+    return in_messages
+
+
 def reward_name(fn: RewardFn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
@@ -81,7 +105,8 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     them in place changes neither the other functions' inputs (they run beside it) nor the
     completions and rows the run logs and reuses."""
     prompts, completions = list(prompts), list(completions)
-    columns = {k: list(v) for k, v in columns.items()}
+    wants_raw = getattr(fn, "takes_raw_prompts", False)
+    columns = {k: list(v) for k, v in columns.items() if k != RAW_PROMPTS or wants_raw}
     try:
         return as_values(fn(prompts, completions, **columns))
     except Unscored as e:  # a source that names itself and the cause (a reward server down, say)

@@ -95,3 +95,34 @@ class Progress:
                 self.bar.console.print(full)
         elif kept:
             self.log(full)
+
+
+@contextmanager
+def libraries_quiet():
+    """Hugging Face's own progress bars (transformers' shard writing and weight loading, the hub's
+    downloads, datasets' splits) off while grpo's work shows its own progress, then as they were:
+    train() and evaluate() run in a user's process, whose settings are theirs."""
+    restore = []
+    try:
+        from transformers.utils import logging as hf_logging
+        if hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            restore.append(hf_logging.enable_progress_bar)
+    except ImportError:
+        pass
+    from huggingface_hub import utils as hub_utils
+    if not hub_utils.are_progress_bars_disabled():
+        hub_utils.disable_progress_bars()
+        restore.append(hub_utils.enable_progress_bars)
+    try:
+        import datasets
+        if datasets.is_progress_bar_enabled():
+            datasets.disable_progress_bars()
+            restore.append(datasets.enable_progress_bars)
+    except ImportError:
+        pass
+    try:
+        yield
+    finally:
+        for again in restore:
+            again()
