@@ -253,3 +253,22 @@ def test_help_lists_every_built_in_task_from_the_task_table():
     # the key's own text (docs/config.md is made from it) names each one as well
     doc = field_docs()["task"]
     assert all(name in doc for name in TASKS), doc
+
+
+def test_the_recipes_readme_quotes_the_gpu_measurement_on_record():
+    """examples/README.md said no GPU had been measured while docs/performance.md reported an
+    H200: it quotes the measurement now, each figure as the results file holds it."""
+    import json
+    import re
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    text = (root / "examples" / "README.md").read_text()
+    assert "No GPU was available" not in text
+    name = re.search(r"benchmarks/results/(async_gpu_check-[\d-]+\.json)", text).group(1)
+    assert name in (root / "docs" / "performance.md").read_text()
+    record = json.loads((root / "benchmarks" / "results" / name).read_text())
+    sync = record["runs"]["sync"]
+    assert record["device"] == "NVIDIA H200" and "one H200" in text
+    assert f"took {sync['sec_per_step']:.1f} s a step (sampling {sync['sample_s']:.1f} s, the update " \
+           f"{sync['update_s']:.1f} s)" in " ".join(text.split())
+    assert f"at most {sync['peak_gpu_memory_gb']:.1f} GB of GPU memory" in " ".join(text.split())

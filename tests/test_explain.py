@@ -202,3 +202,20 @@ def test_explain_shows_every_update_even_when_none_is_finite(tiny_model_dir, mon
                       "num_iterations": 5, "max_skipped_updates": 2, "threads": 1})
     result = explain_group(c, row=1)
     assert [it["stepped"] for it in result["iterations"]] == [False] * 5
+
+
+def test_explain_says_when_rows_override_the_system_prompt(tmp_path, tiny_model_dir, capsys):
+    """`grpo explain system_prompt=...` on rows whose messages hold a system message of their
+    own: the rows' own is kept, and that is said (it was dropped silently)."""
+    import json
+    f = tmp_path / "chat.jsonl"
+    f.write_text("".join(json.dumps({"prompt": [{"role": "system", "content": "You add."},
+                                                {"role": "user", "content": f"{i}+1="}],
+                                     "answer": str(i + 1)}) + "\n" for i in range(3)))
+    template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}")
+    assert main(["explain", f"model={tiny_model_dir}", f"dataset={f}", "system_prompt=Think first.",
+                 f"chat_template={template}", "group_size=2", "max_new_tokens=4"]) == 0
+    captured = capsys.readouterr()
+    assert f"system_prompt is not used for 3 of the 3 rows of {f} (the first: row 1)" in \
+        captured.out + captured.err
