@@ -118,7 +118,7 @@ def test_a_typo_gets_the_nearest_key(typo, key):
     assert _explain_unknown(typo).startswith(f"the nearest valid key is '{key}'")
 
 
-@pytest.mark.parametrize("name", ["nosuchkey", "warmup", "foo_bar_baz", "vllm_thing"])
+@pytest.mark.parametrize("name", ["nosuchkey", "foo_bar_baz", "vllm_thing"])
 def test_a_name_near_no_key_gets_no_guess(name):
     with pytest.raises(ConfigError, match=rf"^unknown config key '{name}'; no key here is close to "
                                           r"it \(`grpo train --help` lists them all\)$"):
@@ -191,3 +191,9 @@ def test_foreign_keys_are_still_importable_from_load():
     from grpo.config import FOREIGN_KEYS as face
     from grpo.config.load import FOREIGN_KEYS as from_load
     assert face is from_load is FOREIGN_KEYS
+
+
+def test_a_word_of_a_keys_name_gets_the_keys_that_hold_it():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'warmup': the keys with 'warmup' in "
+                                          r"their name are 'warmup_steps' \("):
+        build_config({"warmup": 10})

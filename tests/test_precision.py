@@ -52,7 +52,7 @@ def test_moved_fraction_is_what_adamw_moves():
     weight.grad = torch.randn(200_000, generator=g).to(torch.bfloat16)
     torch.optim.AdamW([weight], lr=1e-6, weight_decay=0.0).step()
     measured = (weight.detach() != before).float().mean().item()
-    assert 0.005 < predicted < 0.05                       # only the weights below ~2.6e-4 move
+    assert 0.005 < predicted < 0.05                       # only the weights below 2^-11 move
     assert measured == pytest.approx(predicted, abs=0.002)
 
 
@@ -137,3 +137,15 @@ def test_engines_serve_the_compute_dtype():
     assert build_config({}).compute_dtype == "float32"
     command = server_command(mixed, "some-model", 8000)
     assert command[command.index("--dtype") + 1] == "bfloat16"
+
+
+def test_grpo_sft_checks_its_own_rate(tmp_path, tiny_model_dir):
+    from grpo.commands.cli import main
+    f = tmp_path / "demos.jsonl"
+    f.write_text("".join(f'{{"prompt": "{i}+0=", "answer": "{i}", "completion": "{i}"}}\n'
+                         for i in range(6)))
+    assert main(["sft", f"model={tiny_model_dir}", f"dataset={f}", "sft_steps=2", "dtype=bfloat16",
+                 "sft_lr=1e-6", f"output_dir={tmp_path / 'out'}"]) == 2
+    # lr (GRPO's) is no rate of the cold start's: not checked by grpo sft
+    assert main(["sft", f"model={tiny_model_dir}", f"dataset={f}", "sft_steps=2", "dtype=bfloat16",
+                 "lr=1e-6", f"output_dir={tmp_path / 'out2'}"]) == 0

@@ -180,7 +180,7 @@ def test_the_reward_line_says_rows_given_in_python(tmp_path, tiny_model_dir):
     train(build_config(_small(tmp_path, model=str(tiny_model_dir))), dataset=_rows(4),
           eval_dataset=_rows(2, start=9), log=lines.append)
     said = next(line for line in lines if line.startswith("rewards:"))
-    assert said.endswith("eval/accuracy: math_accuracy, for rows given to train()"), said
+    assert said.endswith("eval/accuracy: math_accuracy, for rows given in Python"), said
 
 
 def test_evaluate_a_run_a_loaded_model_and_a_file_with_ones_own_reward(tmp_path, tiny_model_dir):
@@ -232,3 +232,33 @@ def test_train_keeps_hugging_faces_progress_bars_off_and_restores_them(tmp_path,
         assert hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.disable_progress_bar()
+
+
+def test_evaluate_rows_for_a_run_that_had_a_held_out_file_and_columns_of_its_own(tmp_path,
+                                                                                 tiny_model_dir):
+    """A run trained with eval_dataset=FILE and eval_size=2 is evaluated on rows given in Python:
+    the rows stand for its file, whole (its eval_size cut its own file), read with its
+    prompt_column."""
+    from grpo.train import evaluate
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(f'{{"task": "{i}+0=", "answer": "{i}"}}\n' for i in range(30, 34)))
+    rows = [{"task": f"{i}+0=", "answer": str(i)} for i in range(8)]
+    run = train(build_config(_small(tmp_path, model=str(tiny_model_dir), eval_dataset=str(held),
+                                    eval_size=2, prompt_column="task")),
+                dataset=rows, reward_fns=[_lengths], log=lambda line: None)
+    assert [m["eval/n"] for m in run.evaluations] == [2.0, 2.0]
+    scores = evaluate(run.run_dir, dataset=[{"task": f"{i}+0=", "answer": str(i)} for i in range(50, 55)],
+                      log=lambda line: None)
+    assert scores.metrics["eval/n"] == 5.0
+    assert [r["prompt"] for r in scores.rows] == [f"{i}+0=" for i in range(50, 55)]
+
+
+def test_a_config_made_without_build_config_keeps_its_own_cold_start(tmp_path, tiny_model_dir):
+    """set_keys is build_config's record; a TrainConfig made by hand with sft_steps=5 asked for
+    five, and rows given to train() do not turn them off (the cold start then asks for
+    demonstrations these rows do not have)."""
+    from grpo.config import RunConfig, TrainConfig, ModelConfig
+    c = TrainConfig(model=ModelConfig(model=str(tiny_model_dir)),
+                    run=RunConfig(sft_steps=5, steps=1, output_dir=str(tmp_path / "run")))
+    with pytest.raises(ConfigError, match=r"config key 'sft_steps' asks for a cold start"):
+        train(c, dataset=_rows(4), reward_fns=[_lengths], log=lambda line: None)

@@ -428,3 +428,16 @@ def test_a_disk_too_full_for_the_tiny_models_files_is_one_line(tmp_path):
         assert "Traceback" not in done.stderr
     finally:
         subprocess.run(["umount", str(full)])
+
+
+def test_rows_given_in_python_under_an_older_label_are_no_changed_key(tmp_path):
+    """Runs before "(N rows given in Python)" recorded "(N rows given to train())": resuming one
+    is not told its dataset key changed (the rows' fingerprint is what is checked)."""
+    from grpo.config import build_config
+    from grpo.run.resume import _changes
+    (tmp_path / "config.yaml").write_text("dataset: (6 rows given to train())\nlr: 0.0005\n")
+    now = build_config({"dataset": "(6 rows given in Python)"})
+    assert _changes(now, tmp_path) == []
+    other = build_config({"dataset": "(7 rows given in Python)"})
+    assert [change for change, _ in _changes(other, tmp_path)] == \
+        ["dataset '(6 rows given to train())' -> '(7 rows given in Python)'"]

@@ -89,7 +89,10 @@ def test_prompt_stream_visits_every_row_each_pass():
 
 def test_columns_repeat_per_group_member():
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]
-    assert columns_of(rows, 3) == {"answer": ["1", "1", "1", "2", "2", "2"]}
+    # the prompts as the rows hold them ride along under RAW_PROMPTS, for rewards.as_messages only
+    from grpo.data import RAW_PROMPTS
+    assert columns_of(rows, 3) == {"answer": ["1", "1", "1", "2", "2", "2"],
+                                   RAW_PROMPTS: ["a", "a", "a", "b", "b", "b"]}
 
 
 def test_characters_the_tokenizer_cannot_represent_are_reported_at_start(tiny_model_dir, tmp_path,

@@ -31,7 +31,7 @@ from grpo.config import TrainConfig
 from grpo.data import columns_of
 from grpo.algorithm.passk import binary_scores, summarize
 from grpo.run.progress import Progress, to_stderr
-from grpo.rewards import faults, reward_name, score, unique_names
+from grpo.rewards import columns_for, faults, reward_name, score, unique_names
 from grpo.rewards.answers import extract_answer
 from grpo.sampling import Sampler
 
@@ -92,7 +92,8 @@ def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data, rec
                     per_fn[name] += [v for v in values[name] if v is not None]
                 scores = values[names[0]]
             else:
-                scores = data.accuracy_fn(rollout.prompts, rollout.completions, **columns)
+                scores = data.accuracy_fn(rollout.prompts, rollout.completions,
+                                          **columns_for(data.accuracy_fn, columns))
             calls = rollout.episodes.tool_calls if rollout.episodes else None
             for i, row in enumerate(rows):
                 completions = rollout.completions[i * n:(i + 1) * n]
@@ -122,8 +123,7 @@ def evaluate(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data, rec
     record(metrics, step)
     if rows_file is not None:
         write_rows(rows_file, results)
-    if kept is not None:
-        kept.extend(results)
+    (kept if kept is not None else []).extend(results)
     return metrics["eval/accuracy"]
 
 

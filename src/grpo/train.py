@@ -84,11 +84,12 @@ def evaluate(model, *, dataset=None, reward_fns: list[RewardFn] | None = None,
     mean is eval/reward/NAME/mean); default: what training evaluates with. `config`: keys, as
     build_config takes them (eval_samples, eval_k, max_new_tokens, ...), winning over a run's.
     `rows_file`: where the per-row results are written too (none by default)."""
-    from grpo.data import given_rows
+    from grpo.data import given_shape
     values = dict(config or {})
     rows = dataset if dataset is not None and not isinstance(dataset, (str, Path)) else None
     if rows is not None:
-        given_rows(rows, call="evaluate(dataset=...)")     # not rows: said in the call's terms
+        given_shape(rows, "evaluate(dataset=...)")
+        values.setdefault("eval_size", 0)     # rows given are evaluated whole, unless cut here
     if isinstance(dataset, (str, Path)):
         values["eval_dataset"] = str(dataset)
     if isinstance(model, (str, Path)):
@@ -103,11 +104,10 @@ def evaluate(model, *, dataset=None, reward_fns: list[RewardFn] | None = None,
 def _evaluate(model, values: dict, rows, reward_fns, tokenizer, rows_file, log) -> EvalResult:
     """`evaluate`, with `values` holding the keys (model and a held-out file among them)."""
     from grpo.assembly import assemble_evaluation, setup_of
-    from grpo.data import GIVEN
     said: list[str] = []
     setup = setup_of(values, None, said.append)
     c = setup.config
-    if rows is not None and GIVEN.fullmatch(c.data.eval_dataset or ""):
+    if rows is not None:        # the rows given stand for the run's own held-out rows
         c = dataclasses.replace(c, data=dataclasses.replace(c.data, eval_dataset=""))
     given = {"eval_dataset": rows} if rows is not None else {}
     loaded_model = None if isinstance(model, (str, Path)) else model

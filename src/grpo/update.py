@@ -101,7 +101,7 @@ def moved_fraction(params, lr: float) -> float:
     """The share of these weights that a step of size `lr` changes in their own dtype: AdamW's
     step is at most about lr per weight (exactly lr on its first step), and a weight moves only
     where that is at least half the spacing between its dtype's neighbouring values. In bfloat16
-    (8 significant bits) a step of 1e-6 moves only weights below about 2.6e-4 in magnitude, so on
+    (8 significant bits) a step of 1e-6 moves only weights below 2^-11 (about 4.9e-4), so on
     a pretrained model almost every update rounds away; in float32 almost every weight moves."""
     moved = total = 0
     with torch.no_grad():

@@ -11,61 +11,64 @@ from typing import Callable
 from grpo.assembly.checks import check_code_tests, check_golds
 from grpo.inputs import Data, load_agent
 from grpo.assembly.rewards import choose_accuracy, choose_rewards, resolve_reward, reward_line
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import VISION_DEMO, ConfigError, RunConfig, TrainConfig
 from grpo.data import (GIVEN, Columns, DataError, demonstration_text, fingerprint, given_label,
-                       given_rows, load_rows, system_prompt_note)
+                       given_rows, given_shape, load_rows, system_prompt_note)
 from grpo.data.tasks import get_task
 from grpo.rewards import RewardFn, math_accuracy, reward_name
 
 TASK_EVAL_SIZE = 200   # held-out rows of a built-in task scored when eval_size is unset (0)
 
 
-def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None) -> TrainConfig:
+def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None,
+               call: str = "train") -> TrainConfig:
     """The config of a run given rows (`given`: config key -> a list of dicts or a
-    datasets.Dataset) or a loaded model in Python: each key then records what was given (the
-    rows' `given_label`, the model's own name and dtype), so config.yaml says what the run used. A key set
-    to a file in the config and given rows too is an error: one of the two would be ignored."""
+    datasets.Dataset) or a loaded model in Python, by `call` (train or evaluate): each key then
+    records what was given (the rows' `given_label`, the model's own name and dtype), so
+    config.yaml says what the run used. A key set to a file in the config and given rows too is
+    an error: one of the two would be ignored."""
     import dataclasses
     data = {}
     for key, rows in given.items():
         if rows is None:
             continue
-        if not isinstance(rows, (list, tuple)) and not hasattr(rows, "column_names"):
-            given_rows(rows, key=key)          # the error that names what was given
+        given_shape(rows, f"{call}({key}=...)")     # the error that names what was given
         named = getattr(config.data, key)
         if named and not GIVEN.fullmatch(named):
-            raise ConfigError(f"config key '{key}' is {named!r} and train({key}=...) gave rows too; "
-                              f"give one of them (the rows: set {key}='' in the config)")
+            raise ConfigError(f"config key '{key}' is {named!r} and {call}({key}=...) gave rows "
+                              f"too; give one of them (the rows: set {key}='' in the config)")
         data[key] = given_label(rows)
     if data:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, **data))
-    if "dataset" in data and "sft_steps" not in config.set_keys and config.run.sft_steps:
+    if "dataset" in data and "sft_steps" not in config.set_keys and \
+            config.run.sft_steps in (RunConfig.sft_steps, VISION_DEMO["sft_steps"]):
         # as dataset=FILE implies (config.implied_keys): the demo's cold start is a built-in task's
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, sft_steps=0))
     if model is None and tokenizer is not None:
-        raise ConfigError("train(tokenizer=...) is given without its model; give model=... too, "
+        raise ConfigError(f"{call}(tokenizer=...) is given without its model; give model=... too, "
                           "or neither (the config key 'model' then names both)")
     if model is not None:
         if tokenizer is None:
-            raise ConfigError("train(model=...) needs its tokenizer too: train(config, model=model, "
+            raise ConfigError(f"{call}(model=...) needs its tokenizer too: {call}(..., model=model, "
                               "tokenizer=tokenizer)")
-        name = str(getattr(model, "name_or_path", "") or "") or "(a model given to train())"
+        name = str(getattr(model, "name_or_path", "") or "") or f"(a model given to {call}())"
         dtype = weights_dtype(model, config.model.dtype)
         if config.optim.mixed_precision != "no" and dtype != "float32":
             raise ConfigError(f"config key 'mixed_precision': {config.optim.mixed_precision} keeps "
                               f"float32 weights and computes in bfloat16, and the model given to "
-                              f"train() holds {dtype} weights; give it model.float()")
+                              f"{call}() holds {dtype} weights; give it model.float()")
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=name,
                                                                        dtype=dtype))
     return config
 
 
 def weights_dtype(model, default: str) -> str:
-    """The dtype a model given to train() trains in: that of most of its trainable weights (the
-    `dtype` key applies to models grpo loads), so config.yaml records what ran."""
+    """The dtype a model given in Python holds its weights in: that of most of its floating-point
+    weights, frozen ones too (a LoRA adapter's base; the `dtype` key applies to models grpo
+    loads), so config.yaml records what ran and what final/ loads back in."""
     counts: dict[str, int] = {}
     for p in model.parameters():
-        if p.requires_grad and p.is_floating_point():
+        if p.is_floating_point():
             name = str(p.dtype).removeprefix("torch.")
             counts[name] = counts.get(name, 0) + p.numel()
     return max(counts, key=counts.get) if counts else default

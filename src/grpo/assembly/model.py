@@ -157,20 +157,21 @@ ROUNDED_AWAY_NOTED = 0.9     # fewer than this: said at start
 
 
 def check_precision(config: TrainConfig, policy, log: Callable[[str], None] = to_stderr,
-                    given: bool = False) -> None:
+                    given: bool = False, keys: tuple[str, ...] = ("lr", "sft_lr")) -> None:
     """Weights whose dtype is too coarse for the learning rate: AdamW's step (at most about lr a
     weight) is below half the spacing between neighbouring values of most bfloat16 weights at the
     learning rates RL uses, so the update rounds away and nothing trains, silently. The share of
     trainable weights an lr-sized step moves (update.moved_fraction, measured on these weights) is
     refused under ROUNDED_AWAY_REFUSED and said under ROUNDED_AWAY_NOTED, with the fix: float32
-    weights and bfloat16 compute (mixed_precision=bf16). `given`: a model given to train()."""
+    weights and bfloat16 compute (mixed_precision=bf16). `given`: a model given to train();
+    `keys`: the rates the command uses (sft_lr only where sft_steps is set)."""
     from grpo.update import moved_fraction
     params = [p for p in policy.parameters() if p.requires_grad]
     coarse = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype != torch.float32})
     if not coarse:
         return
     rates = [("lr", config.optim.lr)] + ([("sft_lr", config.run.sft_lr)] if config.run.sft_steps else [])
-    for key, lr in rates:
+    for key, lr in [(key, lr) for key, lr in rates if key in keys]:
         moved = moved_fraction(params, lr)
         if moved >= ROUNDED_AWAY_NOTED:
             continue

@@ -94,7 +94,7 @@ def choose_accuracy(config: TrainConfig, reward_fns: list[RewardFn], task, env_n
         return None, f"environment {env_name}'s episode reward"
     if config.data.dataset or config.data.eval_dataset:
         given = all(GIVEN.fullmatch(p) for p in (config.data.dataset, config.data.eval_dataset) if p)
-        return math_accuracy, f"math_accuracy, for rows {'given to train()' if given else 'from a file'}"
+        return math_accuracy, f"math_accuracy, for rows {'given in Python' if given else 'from a file'}"
     return get_reward(task.rewards[0]), f"{task.rewards[0]}, task {config.data.task}'s own reward"
 
 

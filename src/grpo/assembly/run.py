@@ -30,10 +30,10 @@ from grpo.assembly.data import load_data, say_system_prompt, with_given
 from grpo.assembly.groups import group_source
 from grpo.assembly.learner import make_learner, make_sampler, resume_or_cold_start
 from grpo.assembly.model import check_precision, given_model, load_model_and_tokenizer, seed_everything
-from grpo.inputs import Data
+from grpo.inputs import Data, source_of
 from grpo.config import ConfigError, TrainConfig
 from grpo.config.plan import plan_of
-from grpo.data import PromptStream
+from grpo.data import PromptStream, check_messages_templated
 from grpo.pipeline import Groups
 from grpo.rewards import RewardFn
 from grpo.run import distributed, resume
@@ -179,7 +179,7 @@ def assemble_command(command: str, config: TrainConfig, *, run_dir: Path | None 
     `eval_fns`: reward functions given to grpo.train.evaluate."""
     rows, samples = COMMANDS[command]
     given = given or {}
-    config = with_given(config, given, model, tokenizer)
+    config = with_given(config, given, model, tokenizer, call="evaluate" if given or model else "train")
     seed_everything(config.run.seed)
     check_choices(config)
     if samples:
@@ -198,6 +198,10 @@ def assemble_command(command: str, config: TrainConfig, *, run_dir: Path | None 
     if samples:
         fit_prompts(config, tokenizer, getattr(policy.config, "max_position_embeddings", None), data,
                     log)
+    else:       # the cold start trains: its rows need their template, its rate must move weights
+        check_messages_templated(tokenizer, data.train_rows, config.model.chat_template,
+                                 source_of(config, "train_rows"))
+        check_precision(config, policy, log, given=model is not None, keys=("sft_lr",))
     return Loaded(config, data, policy, tokenizer)
 
 
@@ -215,5 +219,5 @@ def assemble_evaluation(config: TrainConfig, said: Callable[[str], None],
     `given_in_python`: assemble_command's `given`, `model`, `tokenizer`, `eval_fns`
     (grpo.train.evaluate)."""
     loaded = assemble_command("eval", config, said=said, log=log, **given_in_python)
-    return Evaluation(loaded, make_sampler(config, loaded.policy, loaded.tokenizer,
+    return Evaluation(loaded, make_sampler(loaded.config, loaded.policy, loaded.tokenizer,
                                            loaded.data.agent, log=log))

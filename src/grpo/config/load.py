@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import re
 import inspect
 import math
 import textwrap
@@ -70,7 +71,8 @@ def _ours(path: str) -> str | None:
 
 def _explain_unknown(key: str) -> str:
     """What an unknown key most likely meant: a key's other name (FOREIGN_KEYS), a section, or the
-    nearest key, the nearest among our keys and the names other tools give them, when it is NEAR."""
+    nearest key, the nearest among our keys and the names other tools give them, when it is NEAR,
+    else the keys whose name holds it as a word (at most three)."""
     if "." in key:
         ours = _ours(key)
         return (f"the config is flat: write '{ours}'" if ours else
@@ -91,6 +93,9 @@ def _explain_unknown(key: str) -> str:
                if named_key(meaning) in KEYS and "." not in name]
     alias, alias_score = nearest(aliases)
     if max(score, alias_score) < NEAR:
+        whole = sorted(k for k in KEYS if re.search(rf"(^|_){re.escape(key)}(_|$)", k))
+        if 0 < len(whole) <= 3:                     # warmup: warmup_steps; a word of a key's name
+            return f"the keys with '{key}' in their name are {', '.join(repr(k) for k in whole)}"
         return "no key here is close to it"
     if alias_score > score:                         # learnig_rate: learning_rate, which is lr
         ours = named_key(FOREIGN_KEYS[alias])

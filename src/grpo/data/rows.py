@@ -209,24 +209,19 @@ def given_label(rows) -> str:
     return f"({len(rows)} rows given in Python)"
 
 
-def given_rows(value, columns: Columns = Columns(), key: str = "dataset",
-               call: str | None = None) -> list[dict]:
-    """Rows given to train() in Python (`key` dataset or eval_dataset; `call` names the call
-    they were given to, train(key=...) by default): a list of dicts or a `datasets.Dataset`,
-    read as a file's rows are; errors name them by `given_label`."""
+def given_shape(value, call: str) -> None:
+    """Rows given in Python are a list of dicts or one `datasets.Dataset`; else a DataError that
+    names `call` (`train(dataset=...)`, `evaluate(dataset=...)`)."""
     try:
         import datasets
     except ImportError:     # a list of dicts needs no `datasets`
         datasets = None
-
-    call = call or f"train({key}=...)"
-    if datasets is None:
-        pass
-    elif isinstance(value, datasets.DatasetDict):
+    if datasets is not None and isinstance(value, datasets.DatasetDict):
+        key = call.split("(")[1].split("=")[0]
         raise DataError(f"{call}: a DatasetDict holds the splits {list(value)}; give one of them, "
                         f"as {key}=d[{next(iter(value), 'train')!r}]")
-    elif isinstance(value, datasets.Dataset):
-        return table_rows(value, value.column_names, columns, given_label(value))
+    if datasets is not None and isinstance(value, datasets.Dataset):
+        return
     if not isinstance(value, (list, tuple)):
         raise DataError(f"{call}: expected a list of row dicts or a datasets.Dataset, got "
                         f"{type(value).__name__}; for a file give its path in the config")
@@ -235,6 +230,15 @@ def given_rows(value, columns: Columns = Columns(), key: str = "dataset",
     for number, row in enumerate(value, 1):
         if not isinstance(row, dict):
             raise DataError(f"{call}: row {number} is a {type(row).__name__}, not a dict of columns")
+
+
+def given_rows(value, columns: Columns = Columns(), key: str = "dataset") -> list[dict]:
+    """Rows given to train() in Python (`key` dataset or eval_dataset): a list of dicts or a
+    `datasets.Dataset` (given_shape), read as a file's rows are; errors name them by
+    `given_label`."""
+    given_shape(value, f"train({key}=...)")
+    if not isinstance(value, (list, tuple)):     # a datasets.Dataset
+        return table_rows(value, value.column_names, columns, given_label(value))
     names = list(dict.fromkeys(k for row in value for k in row))
     return table_rows([{n: row.get(n) for n in names} for row in value], names, columns,
                       given_label(value))

@@ -16,7 +16,7 @@ from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, final_answer, math_accuracy
 from grpo.rewards.code import code_tests
 from grpo.rewards import faults
-from grpo.data.stream import RAW_PROMPTS
+from grpo.data import RAW_PROMPTS
 from grpo.sandbox.usercode import user_object
 
 RewardFn = Callable[..., list]
@@ -57,6 +57,13 @@ def get_reward(name: str) -> RewardFn:
     """A built-in by name, or any function as `module:function` (the module found in the working
     directory first) or `file.py:function` (sandbox/usercode.py)."""
     return user_object(name, REWARDS, what="reward function", error=RewardError)
+
+
+def columns_for(fn: RewardFn, columns: dict[str, list]) -> dict[str, list]:
+    """The columns `fn` is given: the rows' own, and their raw prompts (RAW_PROMPTS) only for a
+    function marked as_messages."""
+    wants_raw = getattr(fn, "takes_raw_prompts", False)
+    return {k: v for k, v in columns.items() if k != RAW_PROMPTS or wants_raw}
 
 
 def as_messages(fn: RewardFn) -> RewardFn:
@@ -105,8 +112,7 @@ def _call(fn: RewardFn, name: str, prompts: list[str], completions: list[str],
     them in place changes neither the other functions' inputs (they run beside it) nor the
     completions and rows the run logs and reuses."""
     prompts, completions = list(prompts), list(completions)
-    wants_raw = getattr(fn, "takes_raw_prompts", False)
-    columns = {k: list(v) for k, v in columns.items() if k != RAW_PROMPTS or wants_raw}
+    columns = {k: list(v) for k, v in columns_for(fn, columns).items()}
     try:
         return as_values(fn(prompts, completions, **columns))
     except Unscored as e:  # a source that names itself and the cause (a reward server down, say)

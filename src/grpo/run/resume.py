@@ -34,7 +34,7 @@ from grpo.run import distributed
 from grpo.run.checkpoint import (CheckpointError, newest_valid, prune, step_dirs, verify, write_dir,
                                  write_model_files)
 from grpo.config import ConfigError, TrainConfig, to_yaml
-from grpo.data import DataError
+from grpo.data import GIVEN, DataError
 
 # Keys that may change between a run and its resumption without changing what it computes; a
 # dataset's path among them, as its rows are checked (`check_data`).
@@ -204,7 +204,16 @@ def _changes(c: TrainConfig, path: Path) -> list[tuple[str, bool]]:
     saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
     now = c.flat()
     return [(f"{k} {saved[k]!r} -> {now[k]!r}", k in FREE_TO_CHANGE) for k in now
-            if k != "resume" and k in saved and saved[k] != now[k]]
+            if k != "resume" and k in saved and saved[k] != now[k]
+            and not _same_given_rows(saved[k], now[k])]
+
+
+def _same_given_rows(then, now) -> bool:
+    """Two labels of the same number of rows given in Python (data.GIVEN), an older grpo's
+    "(N rows given to train())" and "(N rows given in Python)": the rows themselves are checked
+    by their fingerprint (check_data)."""
+    found = [GIVEN.fullmatch(v) if isinstance(v, str) else None for v in (then, now)]
+    return all(found) and found[0].group(1) == found[1].group(1)
 
 
 def changes_said(c: TrainConfig, path: Path) -> list[str]:
