@@ -1,7 +1,7 @@
 """How much of a model an update moves, in bfloat16 weights and in float32 weights.
 
 AdamW's step is at most about lr a weight; in bfloat16 (8 significant bits) a step of 1e-6 is
-below half the spacing between neighbouring values of every weight above about 2.6e-4 in
+below half the spacing between neighbouring values of every weight above 2^-11 (about 4.9e-4) in
 magnitude, so it rounds away. This trains the tiny model for a few GRPO steps at the GPU recipes'
 learning rate (examples/*.yaml, lr=1e-6) two ways and counts the trainable weights that changed:
 
