@@ -1,5 +1,8 @@
 """grpo bench's FLOP estimate, by hand."""
 
+import pytest
+import torch
+
 from grpo.commands.bench import flops_per_step, summarize
 
 
@@ -20,6 +23,45 @@ def test_summarize_counts_a_groups_prompt_once_and_skips_the_first_step():
     assert out["model_flops_per_s"] == 1200
     assert out["sec_per_step"] == 2.0 and out["tokens_per_s"] == 10.0
     assert out["step_times"] == [9.0, 2.0]
+
+
+def test_the_sampler_benchmark_runs_its_smoke_mode_on_a_cpu(tmp_path):
+    """benchmarks/gpu_sampler.py (grpo's sampler against the bandwidth bound and Hugging Face's
+    generate) in its --smoke mode: every figure measured and written; the bound by hand."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parents[1] / "benchmarks"
+    done = subprocess.run([sys.executable, str(here / "gpu_sampler.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
+    assert report["device"] == "cpu" and report["copy_bandwidth_gb_s"] > 0
+    smoke = report["models"]["smoke"]
+    for batch in ("2", "4"):
+        got = smoke["batches"][batch]
+        for variant in ("grpo", "hf_static", "hf_dynamic"):
+            assert got[variant]["tokens_per_s"] > 0, (batch, variant)
+        assert 0 < got["grpo"]["tokens_per_s"] < got["bound_tokens_per_s"]
+        assert got["grpo_fraction_of_bound"] == pytest.approx(
+            got["grpo"]["tokens_per_s"] / got["bound_tokens_per_s"], abs=1e-4)
+    # float32 on both sides here: the sampler's recorded log-probs are the CPU pass's
+    assert smoke["logp_vs_cpu_float32"]["max"] < 1e-4
+    # the bound by hand: 2 layers, 2 KV heads of 16 (hidden 64 / 4 heads), float32, a 32-token
+    # prompt, 24 tokens, batch 4: sum_t (weights + 2*2*2*16*4 * 4 * (32 + t)) / bandwidth
+    sys.path.insert(0, str(here))
+    from gpu_sampler import bound_tokens_per_s
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1000))          # 4,000 bytes
+            self.config = type("C", (), dict(hidden_size=64, num_attention_heads=4,
+                                             num_key_value_heads=2, num_hidden_layers=2))
+    per_position = 2 * 2 * 2 * 16 * 4                                 # 512 bytes
+    seconds = sum(4000 + per_position * 4 * (32 + t) for t in range(24)) / 1e9
+    assert bound_tokens_per_s(Model(), 4, 24, 1e9) == pytest.approx(4 * 24 / seconds)
 
 
 def test_the_gpu_check_runs_its_smoke_mode_on_a_cpu(tmp_path):

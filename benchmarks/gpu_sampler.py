@@ -1,0 +1,206 @@
+"""Sampling speed on one CUDA GPU: grpo's own sampler against its limit and against Hugging Face.
+
+    python benchmarks/gpu_sampler.py              # Qwen2.5-0.5B and 1.5B shapes, batch 64 and 512
+    python benchmarks/gpu_sampler.py --smoke      # tiny shape, short lengths: checks the script (CPU too)
+
+For each shape (random weights, bfloat16 on the GPU) and batch size, `--tokens` new tokens a row
+with EOS ignored (an id the model never draws), one prompt of 32 tokens shared by the batch's rows
+as one group:
+
+    grpo        grpo's own sampler (sampling.own.generate_with_lengths, temperature 1)
+    hf_static   Hugging Face `generate` with its static cache (`cache_implementation="static"`,
+                which transformers compiles on CUDA): what TRL samples with when it has no vLLM
+    hf_dynamic  `generate` with its default cache
+
+and reports generated tokens/s, peak GPU memory, and the bandwidth bound: each decode step reads
+every weight once and the batch's KV cache so far, so at the copy bandwidth measured in the same
+run (a device-to-device copy of 2 GiB) a run of T tokens takes at least
+sum_t (weight bytes + KV bytes at t) / bandwidth. tokens/s as a fraction of that bound, and
+grpo / hf_static, are the figures. A variant whose 16-token probe predicts more than
+`--budget-s` for the whole run is not run, and says so (the whole script keeps under 6 minutes).
+Last, the log-probs grpo's sampler recorded in bfloat16 on the GPU against a float32 pass on
+the CPU over the same tokens (max and mean |difference|). One JSON file goes to
+benchmarks/results/, named by the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import SHAPES, SMOKE, build   # noqa: E402
+
+PROMPT_TOKENS = 32
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, gib: float) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted), median of 8."""
+    n = int(gib * 2 ** 30 / 4)
+    a = torch.empty(n, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    rates = []
+    for _ in range(8):
+        sync(device)
+        start = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        rates.append(2 * a.numel() * 4 / (time.perf_counter() - start))
+    del a, b
+    return statistics.median(rates[1:])
+
+
+def bound_tokens_per_s(model, batch: int, tokens: int, bandwidth: float) -> float:
+    """Generated tokens/s if every decode step read its weights and the KV cache so far at
+    `bandwidth` and did nothing else."""
+    c = model.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    head_dim = c.hidden_size // c.num_attention_heads
+    width = next(model.parameters()).element_size()          # K and V in the weights' dtype
+    kv_per_position = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * width
+    seconds = sum(weight_bytes + kv_per_position * batch * (PROMPT_TOKENS + t)
+                  for t in range(tokens)) / bandwidth
+    return batch * tokens / seconds
+
+
+def prompt(tokenizer, batch: int, device: str):
+    torch.manual_seed(0)
+    ids = torch.randint(10, len(tokenizer) - 10, (1, PROMPT_TOKENS))
+    return ids.to(device), torch.ones_like(ids).to(device)
+
+
+def run_grpo(model, tokenizer, batch: int, tokens: int, device: str):
+    from grpo.sampling.own import generate_with_lengths
+    ids, mask = prompt(tokenizer, batch, device)
+    never = len(tokenizer) + 7          # an EOS id no row draws: every row runs `tokens` tokens
+    return generate_with_lengths(model, ids, mask, tokens, never, tokenizer.pad_token_id,
+                                 group_size=batch)
+
+
+def run_hf(model, tokenizer, batch: int, tokens: int, device: str, cache: str | None):
+    ids, mask = prompt(tokenizer, batch, device)
+    kwargs = {"cache_implementation": cache} if cache else {}
+    return model.generate(ids.repeat(batch, 1), attention_mask=mask.repeat(batch, 1),
+                          max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                          temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id,
+                          **kwargs)
+
+
+def timed(fn, device: str) -> tuple[float, float]:
+    """(seconds, peak GPU GB) of one call, after one warm-up call."""
+    fn()
+    sync(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0
+    return time.perf_counter() - start, peak
+
+
+def measure(name: str, model, tokenizer, batch: int, args, device: str) -> dict:
+    runs = {"grpo": lambda n: run_grpo(model, tokenizer, batch, n, device),
+            "hf_static": lambda n: run_hf(model, tokenizer, batch, n, device, "static"),
+            "hf_dynamic": lambda n: run_hf(model, tokenizer, batch, n, device, None)}
+    out = {}
+    for variant, fn in runs.items():
+        probe_s, _ = timed(lambda: fn(16), device)
+        predicted = probe_s * args.tokens / 16
+        if predicted > args.budget_s:
+            out[variant] = {"skipped": f"its 16-token probe predicts {predicted:.0f} s for "
+                                       f"{args.tokens} tokens, over --budget-s {args.budget_s:g}"}
+            continue
+        seconds, peak = timed(lambda: fn(args.tokens), device)
+        out[variant] = {"tokens_per_s": round(batch * args.tokens / seconds, 1),
+                        "seconds": round(seconds, 3), "peak_gpu_gb": round(peak, 2)}
+        print(f"{name} batch {batch} {variant}: {out[variant]}", flush=True)
+    return out
+
+
+def logp_difference(model_dir: Path, model, tokenizer, device: str, tokens: int) -> dict:
+    """|sampler log-prob (this device, bf16) - float32 log-prob on the CPU| over sampled tokens."""
+    from grpo.models import load_policy, token_logprobs
+    completion, logprobs, _ = run_grpo(model, tokenizer, 4, tokens, device)
+    ids, mask = prompt(tokenizer, 4, "cpu")
+    full = torch.cat([ids.repeat(4, 1), completion.cpu()], dim=1)
+    with torch.no_grad():
+        exact, _ = token_logprobs(load_policy(str(model_dir)), full, torch.ones_like(full), tokens)
+    diff = (logprobs.float().cpu() - exact).abs()
+    return {"max": float(diff.max()), "mean": float(diff.mean())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shape and lengths (runs on a CPU)")
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--batches", type=int, nargs="+", default=[64, 512])
+    ap.add_argument("--budget-s", type=float, default=40.0)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.smoke:
+        raise SystemExit("no CUDA GPU here: run with --smoke to check the script on a CPU")
+    shapes = SMOKE if args.smoke else SHAPES
+    if args.smoke:
+        args.tokens, args.batches = min(args.tokens, 24), [2, 4]
+    from grpo.models import load_policy
+    from grpo.run.progress import libraries_quiet
+    from transformers import AutoTokenizer
+    with libraries_quiet():
+        report = measure_all(args, device, shapes, load_policy, AutoTokenizer)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = report["device"].replace(" ", "-").lower()
+    path = out / f"gpu_sampler-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report))
+    print(path)
+
+
+def measure_all(args, device: str, shapes: dict, load_policy, AutoTokenizer) -> dict:
+    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "tokens": args.tokens, "prompt_tokens": PROMPT_TOKENS,
+              "copy_bandwidth_gb_s": round(copy_bandwidth(device, 0.05 if args.smoke else 2) / 1e9, 1),
+              "models": {}}
+    bandwidth = report["copy_bandwidth_gb_s"] * 1e9
+    for name, shape in shapes.items():
+        work = Path(tempfile.mkdtemp(prefix=f"grpo-sampler-{name}-"))
+        build(shape, 128 if args.smoke else 1024, work)
+        tokenizer = AutoTokenizer.from_pretrained(str(work))
+        model = load_policy(str(work), "float32" if device == "cpu" else "bfloat16").to(device).eval()
+        entry = {"params": sum(p.numel() for p in model.parameters()), "batches": {}}
+        with torch.no_grad():
+            for batch in args.batches:
+                got = measure(name, model, tokenizer, batch, args, device)
+                bound = bound_tokens_per_s(model, batch, args.tokens, bandwidth)
+                got["bound_tokens_per_s"] = round(bound, 1)
+                if "tokens_per_s" in got["grpo"]:
+                    got["grpo_fraction_of_bound"] = round(got["grpo"]["tokens_per_s"] / bound, 4)
+                    if "tokens_per_s" in got["hf_static"]:
+                        got["grpo_over_hf_static"] = round(
+                            got["grpo"]["tokens_per_s"] / got["hf_static"]["tokens_per_s"], 3)
+                entry["batches"][str(batch)] = got
+            entry["logp_vs_cpu_float32"] = logp_difference(work, model, tokenizer, device,
+                                                           min(args.tokens, 64))
+        report["models"][name] = entry
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return report
+
+
+if __name__ == "__main__":
+    main()
