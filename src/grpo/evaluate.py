@@ -135,6 +135,20 @@ def graded_note(c: TrainConfig, data: inputs.Data, results: list[dict]) -> str:
             "and they count a completion right only when its score is 1; pass@1 is its mean")
 
 
+def evaluate_held_out(c: TrainConfig, sampler: Sampler, tokenizer, data: inputs.Data,
+                      log: Callable[[str], None], rows_file: str | Path | None = None
+                      ) -> tuple[dict, list[dict]]:
+    """One whole evaluation, its progress shown (`grpo eval`'s and grpo.train.evaluate's): the
+    metrics and the per-row results."""
+    records: list[dict] = []
+    rows: list[dict] = []
+    with progress(len(data.eval_rows), log) as bar:
+        evaluate(c, sampler, tokenizer, data, lambda m, step: records.append(m), step=0,
+                 on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
+                 rows_file=rows_file, log=log, kept=rows)
+    return records[0], rows
+
+
 def progress(total: int, log: Callable[[str], None]) -> Progress:
     """The progress of an evaluation of `total` prompts: a line about every tenth of them (a
     sampling call can hold one prompt: a line each would flood a log), and one at the end."""

@@ -31,7 +31,7 @@ from grpo import assembly
 from grpo.assembly import Finished, Run, assemble
 from grpo.config import ConfigError, TrainConfig, to_yaml
 from grpo.data import first_line
-from grpo.evaluate import evaluate as evaluate_rows, progress as eval_progress
+from grpo.evaluate import evaluate as evaluate_rows, evaluate_held_out, progress as eval_progress
 from grpo.models import adapter_base, is_adapter_dir, load_policy, update_reference
 from grpo.rewards import RewardFn
 from grpo.run import distributed, resume
@@ -88,7 +88,7 @@ def evaluate(model, *, dataset=None, reward_fns: list[RewardFn] | None = None,
     values = dict(config or {})
     rows = dataset if dataset is not None and not isinstance(dataset, (str, Path)) else None
     if rows is not None:
-        given_shape(rows, "evaluate(dataset=...)")
+        given_shape(rows, "dataset", "evaluate")
         values.setdefault("eval_size", 0)     # rows given are evaluated whole, unless cut here
     if isinstance(dataset, (str, Path)):
         values["eval_dataset"] = str(dataset)
@@ -115,15 +115,9 @@ def _evaluate(model, values: dict, rows, reward_fns, tokenizer, rows_file, log) 
                               tokenizer=tokenizer, eval_fns=reward_fns)
     for line in said:
         log(line)
-    data = run.loaded.data
-    results: list[dict] = []
-    kept: list[dict] = []
-    with eval_progress(len(data.eval_rows), log) as bar:
-        evaluate_rows(run.loaded.config, run.sampler, run.loaded.tokenizer, data,
-                      lambda m, step: results.append(m), step=0, rows_file=rows_file, log=log,
-                      on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
-                      kept=kept)
-    return EvalResult(results[0], kept, run.loaded.config.model.model)
+    metrics, rows = evaluate_held_out(run.loaded.config, run.sampler, run.loaded.tokenizer,
+                                      run.loaded.data, log, rows_file)
+    return EvalResult(metrics, rows, run.loaded.config.model.model)
 
 
 def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,

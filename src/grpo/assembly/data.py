@@ -32,7 +32,7 @@ def with_given(config: TrainConfig, given: dict, model=None, tokenizer=None,
     for key, rows in given.items():
         if rows is None:
             continue
-        given_shape(rows, f"{call}({key}=...)")     # the error that names what was given
+        given_shape(rows, key, call)     # the error that names what was given
         named = getattr(config.data, key)
         if named and not GIVEN.fullmatch(named):
             raise ConfigError(f"config key '{key}' is {named!r} and {call}({key}=...) gave rows "

@@ -130,22 +130,18 @@ def cmd_sft(args: list[str], options: dict) -> None:
 
 def cmd_eval(args: list[str], options: dict) -> None:
     from grpo.assembly import assemble_evaluation, eval_setup, results_file
-    from grpo.evaluate import evaluate, progress, say_replacing
+    from grpo.evaluate import evaluate_held_out, say_replacing
     said: list[str] = []                 # shown once the model loads: an error is one line alone
     setup = eval_setup(*_checked_args(args), log=said.append)   # a run: its weights and settings
     config = setup.config
     run = assemble_evaluation(config, said.append, to_stderr)
     for line in said:
         to_stderr(line)
-    sampler, tokenizer, data = run.sampler, run.loaded.tokenizer, run.loaded.data
     rows_file = results_file(setup, options.get("out"))
     say_replacing(rows_file)
-    results: list[dict] = []
-    with progress(len(data.eval_rows), to_stderr) as bar:
-        evaluate(config, sampler, tokenizer, data, lambda m, step: results.append(m), step=0,
-                 on_batch=lambda done, accuracy: bar.update(done, f"pass@1 {accuracy:.3f}"),
-                 rows_file=rows_file, log=to_stderr)
-    print(strict_json({**results[0], "model": config.model.model, "rows_file": str(rows_file)}))
+    metrics, _ = evaluate_held_out(config, run.sampler, run.loaded.tokenizer, run.loaded.data,
+                                   to_stderr, rows_file)
+    print(strict_json({**metrics, "model": config.model.model, "rows_file": str(rows_file)}))
 
 
 def cmd_score(args: list[str], options: dict) -> None:

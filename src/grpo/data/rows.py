@@ -209,15 +209,15 @@ def given_label(rows) -> str:
     return f"({len(rows)} rows given in Python)"
 
 
-def given_shape(value, call: str) -> None:
+def given_shape(value, key: str = "dataset", by: str = "train") -> None:
     """Rows given in Python are a list of dicts or one `datasets.Dataset`; else a DataError that
-    names `call` (`train(dataset=...)`, `evaluate(dataset=...)`)."""
+    names the call they were given to, `by(key=...)` (`train(dataset=...)`, `evaluate(...)`)."""
+    call = f"{by}({key}=...)"
     try:
         import datasets
     except ImportError:     # a list of dicts needs no `datasets`
         datasets = None
     if datasets is not None and isinstance(value, datasets.DatasetDict):
-        key = call.split("(")[1].split("=")[0]
         raise DataError(f"{call}: a DatasetDict holds the splits {list(value)}; give one of them, "
                         f"as {key}=d[{next(iter(value), 'train')!r}]")
     if datasets is not None and isinstance(value, datasets.Dataset):
@@ -236,7 +236,7 @@ def given_rows(value, columns: Columns = Columns(), key: str = "dataset") -> lis
     """Rows given to train() in Python (`key` dataset or eval_dataset): a list of dicts or a
     `datasets.Dataset` (given_shape), read as a file's rows are; errors name them by
     `given_label`."""
-    given_shape(value, f"train({key}=...)")
+    given_shape(value, key)
     if not isinstance(value, (list, tuple)):     # a datasets.Dataset
         return table_rows(value, value.column_names, columns, given_label(value))
     names = list(dict.fromkeys(k for row in value for k in row))
