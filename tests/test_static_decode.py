@@ -1,0 +1,182 @@
+"""grpo's own sampler on a static cache (sampling/static.py): the same tokens and log-probs as the
+eager loop from the same draws, whatever the slots, buckets and compaction; continuous batching
+that does not change a row; the compiled step against the eager one; and the config refusals."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import grpo.sampling.static as static
+from grpo.config import ConfigError, build_config
+from grpo.models import build_tiny
+from grpo.sampling.own import HFSampler
+from grpo.sampling.static import bucket_of, buckets
+from grpo.train import train
+
+PROMPTS = ["What is 2+3?", "Name a colour:", "x", "The quick brown fox jumps over"]
+G, T = 4, 40
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny(request, tmp_path_factory):
+    path = build_tiny(tmp_path_factory.mktemp(request.param), hidden_size=64, layers=2,
+                      architecture=request.param)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+def draws(n=len(PROMPTS) * G, seed=1):
+    return torch.rand(n, T, generator=torch.Generator().manual_seed(seed))
+
+
+def sample(model, tokenizer, decode, slots=0, prompts=PROMPTS, uniforms=None, greedy=False, **kw):
+    s = HFSampler(model, tokenizer, max_new_tokens=T, decode=decode, decode_slots=slots, **kw)
+    return s.sample(prompts, G, uniforms=draws() if uniforms is None else uniforms, greedy=greedy)
+
+
+def assert_same(a, b, logp_tol=0.0):
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.completion_mask, b.completion_mask)
+    assert torch.equal(a.truncated, b.truncated)
+    assert a.completions == b.completions
+    assert (a.sampler_logprobs - b.sampler_logprobs).abs().max().item() <= logp_tol
+
+
+SETTINGS = [{}, {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.3},
+            {"min_p": 0.05}, {"stop": ("e",)}]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["plain", "cut-penalty", "min_p", "stop"])
+def test_static_slots_and_continuous_batching_draw_what_eager_draws_float64(tiny, settings):
+    """In float64 every row is the eager loop's, token for token, with the same log-probs to
+    1e-12: all rows in slots at once, 5 slots (rows wait and take freed ones) and 1 slot."""
+    model, tokenizer = tiny
+    model = model.double()
+    eager = sample(model, tokenizer, "eager", **settings)
+    assert 0 < eager.truncated.sum() < len(eager.truncated)          # uneven: some end, some cut
+    for slots in (0, 5, 1):
+        assert_same(eager, sample(model, tokenizer, "static", slots, **settings), 1e-12)
+    model.float()
+
+
+def test_greedy_is_the_eager_argmax(tiny):
+    model, tokenizer = tiny
+    model = model.double()
+    assert_same(sample(model, tokenizer, "eager", greedy=True),
+                sample(model, tokenizer, "static", 3, greedy=True), 1e-12)
+    model.float()
+
+
+def test_float32_differs_only_where_a_changed_sum_flips_a_near_tie(tiny):
+    """In float32 the static step sums attention over more (masked) slots: a draw that falls
+    within float noise of a boundary between two tokens may flip. Counted over 64 rows: none
+    or almost none; the log-probs of equal rows agree to float32 noise."""
+    model, tokenizer = tiny
+    prompts = [f"{i} + {i % 7} =" for i in range(16)]
+    u = draws(len(prompts) * G)
+    a = sample(model, tokenizer, "eager", prompts=prompts, uniforms=u)
+    b = sample(model, tokenizer, "static", 24, prompts=prompts, uniforms=u)
+    differ = (a.completion_ids != b.completion_ids).any(-1) | (a.truncated != b.truncated)
+    print(f"rows that differ in float32: {int(differ.sum())} of {len(differ)}")
+    assert int(differ.sum()) <= 2
+    same = ~differ
+    gap = (a.sampler_logprobs[same] - b.sampler_logprobs[same]).abs().max().item()
+    assert gap < 1e-4
+
+
+def test_a_row_does_not_depend_on_which_rows_share_its_steps(tiny):
+    """Continuous batching's rule: a row's tokens are a function of its prompt, its own draws
+    and the weights. The last two prompts alone, with their rows' draws, give the same rows."""
+    model, tokenizer = tiny
+    model = model.double()
+    u = draws()
+    whole = sample(model, tokenizer, "static", 3, uniforms=u)
+    part = sample(model, tokenizer, "static", 2, prompts=PROMPTS[2:], uniforms=u[2 * G:])
+    assert torch.equal(whole.completion_ids[2 * G:, :part.completion_ids.shape[1]],
+                       part.completion_ids)
+    assert torch.equal(whole.truncated[2 * G:], part.truncated)
+    model.float()
+
+
+def test_buckets_by_hand():
+    assert buckets(12) == [1, 2, 4, 8, 12]
+    assert buckets(64)[:6] == [1, 2, 4, 8, 16, 24] and buckets(64)[-1] == 64 and len(buckets(64)) == 11
+    assert buckets(300)[-4:] == [256, 272, 288, 300]
+    assert buckets(64, few=True) == [1, 2, 4, 8, 16, 32, 64]
+    assert buckets(1) == [1]
+    assert bucket_of(9, buckets(64)) == 16 and bucket_of(64, buckets(64)) == 64
+
+
+def test_ended_rows_leave_for_smaller_buckets_and_the_host_looks_every_few_tokens(tiny, monkeypatch):
+    model, tokenizer = tiny
+    sizes, looks = [], []
+    tick, live = static.StaticDecode.tick, static.StaticDecode.state
+    monkeypatch.setattr(static.StaticDecode, "tick", lambda self, n: (sizes.append(n), tick(self, n)))
+    monkeypatch.setattr(static.StaticDecode, "state", lambda self: (looks.append(len(sizes)), live(self))[1])
+    out = sample(model, tokenizer, "static", 0, stop=("e",))
+    ended = int((~out.truncated).sum())
+    assert ended >= 8 and sizes[0] == 16 and sizes[-1] < 16            # compacted as rows ended
+    assert sizes == sorted(sizes, reverse=True)                        # buckets only shrink
+    assert len(sizes) == T - 1                                         # the first token: prefill
+    assert looks and all(b - a >= 1 for a, b in zip(looks, looks[1:]))
+
+
+def test_the_static_decoder_is_kept_between_calls_of_the_same_shape(tiny):
+    model, tokenizer = tiny
+    s = HFSampler(model, tokenizer, max_new_tokens=T, decode="static")
+    a = s.sample(PROMPTS, G, uniforms=draws(seed=2))
+    kept = s._static[1]
+    b = s.sample(PROMPTS[::-1], G, uniforms=draws(seed=3))
+    assert s._static[1] is kept
+    e = HFSampler(model, tokenizer, max_new_tokens=T, decode="eager")
+    assert torch.equal(a.completion_ids, e.sample(PROMPTS, G, uniforms=draws(seed=2)).completion_ids)
+    assert torch.equal(b.completion_ids,
+                       e.sample(PROMPTS[::-1], G, uniforms=draws(seed=3)).completion_ids)
+
+
+def test_compiled_step_draws_what_the_eager_step_draws(tiny):
+    """torch.compile(mode="reduce-overhead") of the static step (on a CPU: compiled kernels, no
+    graphs) against the same step eager, float32: the same tokens, log-probs to 1e-5."""
+    model, tokenizer = tiny
+    if model.config.model_type != "qwen2":
+        pytest.skip("compiled once, on one family: compiling costs about 20 s on a CPU")
+    said = []
+    eager = sample(model, tokenizer, "static", top_p=0.9)
+    s = HFSampler(model, tokenizer, max_new_tokens=T, decode="compiled", top_p=0.9,
+                  log=said.append)
+    compiled = s.sample(PROMPTS, G, uniforms=draws())
+    assert said == [] and s._static[1].compiled is not None
+    assert_same(eager, compiled, 1e-5)
+
+
+def test_decode_is_refused_where_it_cannot_apply(tmp_path, tiny):
+    with pytest.raises(ConfigError, match=r"config key 'decode'.*sampler=vllm"):
+        build_config({"decode": "static", "sampler": "vllm"})
+    with pytest.raises(ConfigError, match=r"config key 'decode'.*multi-turn"):
+        build_config({"decode": "graphs", "tools": ["calculator"]})
+    with pytest.raises(ConfigError, match=r"config key 'decode_slots'.*decode=eager"):
+        build_config({"decode": "eager", "decode_slots": 4})
+    with pytest.raises(ConfigError, match=r"config key 'decode' must be auto, eager, static, graphs or compiled, got 'cuda_graphs'"):
+        build_config({"decode": "cuda_graphs"})
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match=r"decode=graphs captures CUDA graphs; the policy is on cpu"):
+        HFSampler(model, tokenizer, max_new_tokens=4, decode="graphs")
+    assert HFSampler(model, tokenizer, max_new_tokens=4, decode="auto").decode == "eager"
+    c = build_config({"steps": 1, "sft_steps": 0, "decode": "graphs", "eval_every": 0,
+                      "output_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"config key 'decode': decode=graphs captures CUDA"):
+        train(c, log=lambda s: None, write_files=False)
+
+
+def test_a_demo_run_decoding_static_has_the_eager_runs_numbers(tmp_path):
+    """Every metric equal but the sampler's own float32 log-probs, summed in another order:
+    `sampler/logp_diff` (against the trainer's forward) stays at float32 noise in both."""
+    def run(decode):
+        c = build_config({"steps": 2, "sft_steps": 2, "eval_every": 2, "eval_size": 8,
+                          "decode": decode, "output_dir": str(tmp_path / decode)})
+        return [{k: v for k, v in m.items() if not k.startswith(("time/", "tokens/s"))}
+                for m in train(c, log=lambda s: None, write_files=False).history]
+    static_run, eager_run = run("static"), run("eager")
+    noise = [m.pop("sampler/logp_diff", 0.0) for m in static_run + eager_run]
+    assert static_run == eager_run and max(noise) < 1e-5
