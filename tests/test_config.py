@@ -332,6 +332,8 @@ BREAKS_ONE_RULE = {
     "async_tis_cap_needs_decoupled": {"async_steps": 1, "tis_cap": 2.0},
     "sampler_choice": {"sampler": "sglang"},
     "vllm_server_needs_url": {"sampler": "vllm_server"},
+    "decode_choice": {"decode": "cudagraph"},
+    "decode_is_own_sampler": {"decode": "static", "sampler": "vllm"},
     "parallel_choice": {"parallel": "tp"},
     "lora_keeps_its_reference": {"lora_r": 8, "ref_reset_every": 2},
     "lora_not_sharded": {"lora_r": 8, "parallel": "fsdp"},

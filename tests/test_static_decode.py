@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import grpo.sampling.static as static
 from grpo.config import ConfigError, build_config
 from grpo.models import build_tiny
-from grpo.sampling.own import HFSampler
+from grpo.sampling import HFSampler, own_sampler
 from grpo.sampling.static import bucket_of, buckets
 from grpo.train import train
 
@@ -31,7 +31,7 @@ def draws(n=len(PROMPTS) * G, seed=1):
 
 
 def sample(model, tokenizer, decode, slots=0, prompts=PROMPTS, uniforms=None, greedy=False, **kw):
-    s = HFSampler(model, tokenizer, max_new_tokens=T, decode=decode, decode_slots=slots, **kw)
+    s = own_sampler(model, tokenizer, max_new_tokens=T, decode=decode, decode_slots=slots, **kw)
     return s.sample(prompts, G, uniforms=draws() if uniforms is None else uniforms, greedy=greedy)
 
 
@@ -124,12 +124,13 @@ def test_ended_rows_leave_for_smaller_buckets_and_the_host_looks_every_few_token
 
 def test_the_static_decoder_is_kept_between_calls_of_the_same_shape(tiny):
     model, tokenizer = tiny
-    s = HFSampler(model, tokenizer, max_new_tokens=T, decode="static")
+    s = own_sampler(model, tokenizer, max_new_tokens=T, decode="static")
     a = s.sample(PROMPTS, G, uniforms=draws(seed=2))
-    kept = s._static[1]
+    kept = s._kept[1]
     b = s.sample(PROMPTS[::-1], G, uniforms=draws(seed=3))
-    assert s._static[1] is kept
-    e = HFSampler(model, tokenizer, max_new_tokens=T, decode="eager")
+    assert s._kept[1] is kept
+    e = own_sampler(model, tokenizer, max_new_tokens=T, decode="eager")
+    assert type(e) is HFSampler
     assert torch.equal(a.completion_ids, e.sample(PROMPTS, G, uniforms=draws(seed=2)).completion_ids)
     assert torch.equal(b.completion_ids,
                        e.sample(PROMPTS[::-1], G, uniforms=draws(seed=3)).completion_ids)
@@ -143,10 +144,10 @@ def test_compiled_step_draws_what_the_eager_step_draws(tiny):
         pytest.skip("compiled once, on one family: compiling costs about 20 s on a CPU")
     said = []
     eager = sample(model, tokenizer, "static", top_p=0.9)
-    s = HFSampler(model, tokenizer, max_new_tokens=T, decode="compiled", top_p=0.9,
-                  log=said.append)
+    s = own_sampler(model, tokenizer, max_new_tokens=T, decode="compiled", top_p=0.9,
+                    log=said.append)
     compiled = s.sample(PROMPTS, G, uniforms=draws())
-    assert said == [] and s._static[1].compiled is not None
+    assert said == [] and s._kept[1].compiled is not None
     assert_same(eager, compiled, 1e-5)
 
 
@@ -161,8 +162,8 @@ def test_decode_is_refused_where_it_cannot_apply(tmp_path, tiny):
         build_config({"decode": "cuda_graphs"})
     model, tokenizer = tiny
     with pytest.raises(ValueError, match=r"decode=graphs captures CUDA graphs; the policy is on cpu"):
-        HFSampler(model, tokenizer, max_new_tokens=4, decode="graphs")
-    assert HFSampler(model, tokenizer, max_new_tokens=4, decode="auto").decode == "eager"
+        own_sampler(model, tokenizer, max_new_tokens=4, decode="graphs")
+    assert type(own_sampler(model, tokenizer, max_new_tokens=4, decode="auto")) is HFSampler
     c = build_config({"steps": 1, "sft_steps": 0, "decode": "graphs", "eval_every": 0,
                       "output_dir": str(tmp_path)})
     with pytest.raises(ConfigError, match=r"config key 'decode': decode=graphs captures CUDA"):
@@ -180,3 +181,15 @@ def test_a_demo_run_decoding_static_has_the_eager_runs_numbers(tmp_path):
     static_run, eager_run = run("static"), run("eager")
     noise = [m.pop("sampler/logp_diff", 0.0) for m in static_run + eager_run]
     assert static_run == eager_run and max(noise) < 1e-5
+
+
+def test_a_model_the_lean_decoder_does_not_run_is_refused_a_static_mode(tmp_path):
+    from transformers import LlamaConfig
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, hidden_act="gelu")   # lean decoder: silu only
+    model = AutoModelForCausalLM.from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny(tmp_path))
+    with pytest.raises(ConfigError, match=r"config key 'decode': decode=static needs a model "
+                                          r"grpo's lean decoder runs"):
+        own_sampler(model, tokenizer, max_new_tokens=4, decode="static")
+    assert type(own_sampler(model, tokenizer, max_new_tokens=4, decode="auto")) is HFSampler

@@ -15,7 +15,7 @@ from grpo.models import frozen_copy, merge_adapter, whole_model
 from grpo.run import distributed, resume
 from grpo.run.checkpoint import save_model_dir
 from grpo.run.progress import Progress
-from grpo.sampling import HFSampler
+from grpo.sampling import own_sampler
 from grpo.sampling.episodes import EpisodeSampler
 from grpo.sft import supervised_finetune
 from grpo.step import Learner
@@ -141,14 +141,10 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
                               make_env=agent.make_env,
                               temperature=s.temperature, top_p=s.top_p)
     if kind == "hf":
-        try:
-            return HFSampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
-                             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                             min_p=s.min_p, stop=tuple(s.stop),
-                             repetition_penalty=s.repetition_penalty, decode=s.decode,
-                             decode_slots=s.decode_slots, log=log)
-        except ValueError as e:
-            raise ConfigError(f"config key 'decode': {e}") from None
+        return own_sampler(policy, tokenizer, max_new_tokens=s.max_new_tokens,
+                           temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                           stop=tuple(s.stop), repetition_penalty=s.repetition_penalty,
+                           decode=s.decode, decode_slots=s.decode_slots, log=log)
     from grpo.sampling.engine import EngineError, EngineSampler
     if engine is None and kind == "vllm_server":
         from grpo.sampling.engines import Engines

@@ -12,6 +12,8 @@ one that completes the stop string, and its text, mask and log-probs hold exactl
     interface.py   what every engine meets and shares: the `Sampler` protocol, EOS ids, masks
                    from lengths, prompts with images
     own.py         grpo's own sampler (`sampler=hf`): `HFSampler` and its decode loop
+    static.py      the same sampler on a static KV cache: slots, buckets, CUDA graphs
+                   (`decode=static|graphs|compiled`; `own_sampler` picks by `decode`)
     engine.py      an engine with weights of its own, and the Sampler on any such engine
     engines.py     several engines as one (`vllm_url=[...]`), failover shared by every process
     vllm.py        vLLM as that engine, in the trainer's process
@@ -26,10 +28,12 @@ from grpo.sampling.interface import (Sampler, SharesThePolicy, completion_length
 from grpo.sampling.own import (PRUNE_FRACTION, HFSampler, cut_warper, draw, drawn_from, generate,
                                generate_with_lengths, placeholders, prompt_tokens_seen, stop_check,
                                vision_turns)
+from grpo.sampling.static import StaticSampler, own_sampler, static_mode
 
 __all__ = [
     "Sampler", "SharesThePolicy", "completion_lengths", "eos_ids", "mask_from_lengths",
     "vision_prompts",
     "PRUNE_FRACTION", "HFSampler", "cut_warper", "draw", "drawn_from", "generate",
     "generate_with_lengths", "placeholders", "prompt_tokens_seen", "stop_check", "vision_turns",
+    "StaticSampler", "own_sampler", "static_mode",
 ]

@@ -29,14 +29,11 @@ class HFSampler(SharesThePolicy):
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, stop: tuple = (),
-                 repetition_penalty: float = 1.0, decode: str = "eager", decode_slots: int = 0,
-                 log=None):
+                 repetition_penalty: float = 1.0):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.top_k, self.min_p, self.stop = top_k, min_p, tuple(stop)
         self.repetition_penalty = repetition_penalty
-        self.decode = static_mode(model, decode)   # sampling/static.py: "eager" or a static one
-        self.decode_slots, self.log, self._static = decode_slots, log, None
 
     @torch.no_grad()
     def sample(self, prompts: list[str], group_size: int, *, greedy: bool = False,
@@ -54,17 +51,9 @@ class HFSampler(SharesThePolicy):
         was_training = self.model.training
         self.model.eval()
         try:
-            if self.decode != "eager" and visuals is None:
-                completion_ids, sampler_logprobs, lengths = self._generate_static(
-                    prompt_ids, prompt_mask, group_size, greedy, uniforms)
-            else:
-                completion_ids, sampler_logprobs, lengths = generate_with_lengths(
-                self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
-                    tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
-                    top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size,
-                    visuals=visuals, top_k=self.top_k, min_p=self.min_p,
-                    repetition_penalty=1.0 if greedy else self.repetition_penalty,
-                    stopped=stop_check(tok, self.stop) if self.stop else None)
+            completion_ids, sampler_logprobs, lengths = self.generate(
+                prompt_ids, prompt_mask, group_size, greedy=greedy, uniforms=uniforms,
+                visuals=visuals)
         finally:
             self.model.train(was_training)
         T = completion_ids.shape[1]
@@ -89,49 +78,18 @@ class HFSampler(SharesThePolicy):
             visuals=None if visuals is None else [v for v in visuals for _ in range(group_size)],
         )
 
-    def _generate_static(self, prompt_ids, prompt_mask, group_size: int, greedy: bool, uniforms):
-        """generate_with_lengths's result from the static decoder (sampling/static.py), kept
-        between calls while the shapes and settings stay the same."""
-        from grpo.sampling.static import CAPACITY_ROUND, StaticDecode, generate_static
-        N, T = len(prompt_ids) * group_size, self.max_new_tokens
-        if uniforms is None:        # the draws made here, once, so no row's depend on its slot
-            uniforms = torch.rand(N, T)
-        P = -(-int(prompt_mask.sum(-1).max()) // CAPACITY_ROUND) * CAPACITY_ROUND
-        temperature = 1.0 if greedy else self.temperature
-        penalty = 1.0 if greedy else self.repetition_penalty
-        cut = (self.top_p, self.top_k, self.min_p)
-        key = (N, min(self.decode_slots or N, N), P + T, T, temperature, penalty, cut, greedy,
-               self.decode)
-        if self._static is None or self._static[0] != key:
-            self._static = None                                  # its memory first
-            tok = self.tokenizer
-            decode = StaticDecode(
-                self.model, rows=N, slots=key[1], capacity=P + T, max_new_tokens=T,
-                vocab=decoder.unwrap(self.model).get_output_embeddings().weight.shape[0],
-                eos=eos_ids(tok.eos_token_id), pad=tok.pad_token_id, temperature=temperature,
-                warper=cut_warper(self.top_p, self.top_k, self.min_p, greedy), greedy=greedy,
-                penalty=penalty, mode=self.decode,
-                compute_dtype=getattr(self.model, "grpo_autocast", None), log=self.log)
-            self._static = (key, decode)
-        return generate_static(self._static[1], prompt_ids, prompt_mask, group_size, uniforms,
-                               stop_check(self.tokenizer, self.stop) if self.stop else None)
-
-
-def static_mode(model, decode: str) -> str:
-    """The decoding `decode` resolves to for `model`: `auto` is `graphs` on CUDA where the lean
-    decoder runs the model (without images), `eager` otherwise; a static mode the model cannot
-    take is refused in one line."""
-    device = next(model.parameters()).device
-    plain = decoder.supports(model) and not vision.is_vision_model(model)
-    if decode == "auto":
-        return "graphs" if device.type == "cuda" and plain else "eager"
-    if decode != "eager" and not plain:
-        raise ValueError(f"decode={decode} needs a model grpo's lean decoder runs (Llama, Qwen2, "
-                         f"Mistral, without images); this one decodes with decode=eager")
-    if decode == "graphs" and device.type != "cuda":
-        raise ValueError(f"decode=graphs captures CUDA graphs; the policy is on {device.type}. "
-                         "Use decode=static or compiled there")
-    return decode
+    def generate(self, prompt_ids, prompt_mask, group_size: int, *, greedy: bool, uniforms,
+                 visuals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """generate_with_lengths with this sampler's settings (static.StaticSampler decodes
+        another way)."""
+        tok = self.tokenizer
+        return generate_with_lengths(
+            self.model, prompt_ids, prompt_mask, self.max_new_tokens, tok.eos_token_id,
+            tok.pad_token_id, temperature=1.0 if greedy else self.temperature,
+            top_p=self.top_p, greedy=greedy, uniforms=uniforms, group_size=group_size,
+            visuals=visuals, top_k=self.top_k, min_p=self.min_p,
+            repetition_penalty=1.0 if greedy else self.repetition_penalty,
+            stopped=stop_check(tok, self.stop) if self.stop else None)
 
 
 @torch.no_grad()

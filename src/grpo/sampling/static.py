@@ -36,8 +36,12 @@ from contextlib import nullcontext
 
 import torch
 
+from grpo import vision
+from grpo.config import ConfigError
+from grpo.models import decoder
 from grpo.models.slots import SlotDecoder, Slots, compact
 from grpo.sampling.interface import eos_ids
+from grpo.sampling.own import HFSampler, cut_warper, draw, drawn_from, stop_check
 
 CHECK_EVERY = 8          # tokens decoded between two looks from the host
 CAPACITY_ROUND = 64      # the prompt part of the cache is rounded up to this, so it is reused
@@ -56,6 +60,72 @@ def buckets(top: int, *, few: bool = False) -> list[int]:
 
 def bucket_of(n: int, sizes: list[int]) -> int:
     return next(s for s in sizes if s >= n)
+
+
+def static_mode(model, decode: str) -> str:
+    """The decoding `decode` resolves to for `model`: `auto` is `graphs` on CUDA where the lean
+    decoder runs the model (without images), `eager` otherwise; a static mode the model cannot
+    take is refused in one line."""
+    device = next(model.parameters()).device
+    plain = decoder.supports(model) and not vision.is_vision_model(model)
+    if decode == "auto":
+        return "graphs" if device.type == "cuda" and plain else "eager"
+    if decode != "eager" and not plain:
+        raise ConfigError(f"config key 'decode': decode={decode} needs a model grpo's lean decoder runs (Llama, Qwen2, "
+                         f"Mistral, without images); this one decodes with decode=eager")
+    if decode == "graphs" and device.type != "cuda":
+        raise ConfigError(f"config key 'decode': decode={decode} captures CUDA graphs; the policy is on {device.type}. "
+                         "Use decode=static or compiled there")
+    return decode
+
+
+def own_sampler(model, tokenizer, *, decode: str = "auto", decode_slots: int = 0, log=None,
+                **settings) -> HFSampler:
+    """grpo's own sampler decoding as `decode` says (static_mode): HFSampler's eager loop, or
+    StaticSampler."""
+    mode = static_mode(model, decode)
+    if mode == "eager":
+        return HFSampler(model, tokenizer, **settings)
+    return StaticSampler(model, tokenizer, mode=mode, slots=decode_slots, log=log, **settings)
+
+
+class StaticSampler(HFSampler):
+    """HFSampler decoding on the static cache: the same rows from the same draws."""
+
+    def __init__(self, model, tokenizer, *, mode: str = "static", slots: int = 0, log=None,
+                 **settings):
+        super().__init__(model, tokenizer, **settings)
+        self.mode, self.slots, self.log, self._kept = mode, slots, log, None
+
+    def generate(self, prompt_ids, prompt_mask, group_size: int, *, greedy: bool, uniforms,
+                 visuals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if visuals is not None:
+            raise ValueError(f"decode={self.mode} decodes text prompts; these have images. "
+                             "Use decode=eager")
+        N, T = len(prompt_ids) * group_size, self.max_new_tokens
+        if uniforms is None:        # the draws made here, once, so no row's depend on its slot
+            uniforms = torch.rand(N, T)
+        P = -(-int(prompt_mask.sum(-1).max()) // CAPACITY_ROUND) * CAPACITY_ROUND
+        temperature = 1.0 if greedy else self.temperature
+        penalty = 1.0 if greedy else self.repetition_penalty
+        key = (N, min(self.slots or N, N), P + T, T, temperature, penalty,
+               (self.top_p, self.top_k, self.min_p), greedy, self.mode)
+        if self._kept is None or self._kept[0] != key:
+            self._kept = None                                    # its memory first
+            tok = self.tokenizer
+            made = StaticDecode(
+                self.model, rows=N, slots=key[1], capacity=P + T, max_new_tokens=T,
+                vocab=decoder.unwrap(self.model).get_output_embeddings().weight.shape[0],
+                eos=eos_ids(tok.eos_token_id), pad=tok.pad_token_id, temperature=temperature,
+                warper=cut_warper(self.top_p, self.top_k, self.min_p, greedy), greedy=greedy,
+                penalty=penalty, mode=self.mode,
+                compute_dtype=getattr(self.model, "grpo_autocast", None), log=self.log)
+            self._kept = (key, made)
+        decode = self._kept[1]
+        out = generate_static(decode, prompt_ids, prompt_mask, group_size, uniforms,
+                              stop_check(self.tokenizer, self.stop) if self.stop else None)
+        self.mode = decode.mode                     # a fallback to static holds for later calls
+        return out
 
 
 class StaticDecode:
@@ -92,7 +162,6 @@ class StaticDecode:
     # -- the step ---------------------------------------------------------------------------
     def _draw_into(self, logits: torch.Tensor, lo: int, hi: int) -> None:
         """Draw each running slot's token in [lo, hi) from `logits` [hi - lo, V] and record it."""
-        from grpo.sampling.own import draw, drawn_from
         N, T = self.N, self.T
         seen = None if self.seen is None else self.seen[lo:hi]
         scores = drawn_from(logits, None, self.temperature, self.warper, self.greedy, seen,
