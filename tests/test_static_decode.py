@@ -30,8 +30,9 @@ def draws(n=len(PROMPTS) * G, seed=1):
     return torch.rand(n, T, generator=torch.Generator().manual_seed(seed))
 
 
-def sample(model, tokenizer, decode, slots=0, prompts=PROMPTS, uniforms=None, greedy=False, **kw):
-    s = own_sampler(model, tokenizer, max_new_tokens=T, decode=decode, decode_slots=slots, **kw)
+def sample(model, tokenizer, decode, slots=0, prompts=PROMPTS, uniforms=None, greedy=False,
+           tokens=T, **kw):
+    s = own_sampler(model, tokenizer, max_new_tokens=tokens, decode=decode, decode_slots=slots, **kw)
     return s.sample(prompts, G, uniforms=draws() if uniforms is None else uniforms, greedy=greedy)
 
 
@@ -57,6 +58,23 @@ def test_static_slots_and_continuous_batching_draw_what_eager_draws_float64(tiny
     assert 0 < eager.truncated.sum() < len(eager.truncated)          # uneven: some end, some cut
     for slots in (0, 5, 1):
         assert_same(eager, sample(model, tokenizer, "static", slots, **settings), 1e-12)
+    model.float()
+
+
+def test_long_rows_attend_over_growing_spans_and_draw_what_eager_draws(tiny, monkeypatch):
+    """300 tokens: a step attends over 128, then 256, then all 364 slots (span_for), as the
+    longest running row grows (top_k=5 keeps EOS out of most draws: rows run long)."""
+    model, tokenizer = tiny
+    model = model.double()
+    spans, tick = [], static.StaticDecode.tick
+    monkeypatch.setattr(static.StaticDecode, "tick",
+                        lambda self, n, span: (spans.append(span), tick(self, n, span)))
+    u = torch.rand(8, 300, generator=torch.Generator().manual_seed(4))
+    kw = {"prompts": PROMPTS[:2], "uniforms": u, "tokens": 300, "top_k": 5}
+    eager = sample(model, tokenizer, "eager", **kw)
+    assert eager.truncated.any()
+    assert_same(eager, sample(model, tokenizer, "static", 3, **kw), 1e-12)
+    assert sorted(set(spans)) == [128, 256, 364]
     model.float()
 
 
@@ -112,7 +130,8 @@ def test_ended_rows_leave_for_smaller_buckets_and_the_host_looks_every_few_token
     model, tokenizer = tiny
     sizes, looks = [], []
     tick, live = static.StaticDecode.tick, static.StaticDecode.state
-    monkeypatch.setattr(static.StaticDecode, "tick", lambda self, n: (sizes.append(n), tick(self, n)))
+    monkeypatch.setattr(static.StaticDecode, "tick",
+                        lambda self, n, span: (sizes.append(n), tick(self, n, span)))
     monkeypatch.setattr(static.StaticDecode, "state", lambda self: (looks.append(len(sizes)), live(self))[1])
     out = sample(model, tokenizer, "static", 0, stop=("e",))
     ended = int((~out.truncated).sum())

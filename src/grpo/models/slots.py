@@ -10,12 +10,13 @@ captured graph. Here every tensor is allocated once per `sample` call:
                    its completion's, one a step.
     prefill        computes B prompts once each and copies their keys and values into the
                    slots of their rows (a group of G shares one prefill).
-    step(n)        one token for slots [0, n): reads and writes only those slots' views, with
-                   no shape that depends on the data, so each `n` (a bucket) is one graph.
+    step(n, span)  one token for slots [0, n), attending over their first `span` slots: reads
+                   and writes only those views, with no shape that depends on the data, so
+                   each (n, span) is one graph.
     compact        moves the slots still running to the front, for a smaller bucket.
 
-Attention in `step` reads all C slots of a row under the `valid` mask: the masked ones add exact
-zeros, so a row's numbers are today's decoder's with a longer sum (bit-equal in float64 up to
+Attention in `step` reads a row's first `span` slots (a multiple of 128 past the longest running
+row) under the `valid` mask: the masked ones add exact zeros, so a row's numbers are today's decoder's with a longer sum (bit-equal in float64 up to
 summation order; tests/test_static_decode.py).
 """
 
@@ -85,17 +86,21 @@ class SlotDecoder(Decoder):
         s.positions[into] = length[prompt_of]
         return self._logits(h)[prompt_of]
 
-    def step(self, tokens: torch.Tensor, s: Slots) -> torch.Tensor:  # type: ignore[override]
+    def step(self, tokens: torch.Tensor, s: Slots,  # type: ignore[override]
+             span: int | None = None) -> torch.Tensor:
         """Feed one token to each of the first n = len(tokens) slots; their next logits [n, V].
-        Static in shape, with no host synchronization: a slot past its capacity (one that has
-        ended and is waiting to be dropped) overwrites its last slot, which it never reads."""
+        Static in shape, with no host synchronization. Attention reads the first `span` slots of
+        each row (all when None): the caller keeps every running row's keys inside it. A slot
+        past its capacity (one that has ended and waits to be dropped) overwrites its last slot,
+        which it never reads."""
         n = len(tokens)
+        span = span or s.capacity
         at = s.write[:n].clamp(max=s.capacity - 1)
         x = self._embed(tokens[:, None])                                   # [n, 1, H]
         cos, sin = self.rotary(x, s.positions[:n, None])
         valid = s.valid[:n]
         valid.scatter_(1, at[:, None], True)
-        mask = valid[:, None, None, :]                                     # [n, 1, 1, C]
+        mask = valid[:, None, None, :span]                                 # [n, 1, 1, span]
         where = at[:, None, None, None].expand(n, self.kv_heads, 1, self.head_dim)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -103,7 +108,7 @@ class SlotDecoder(Decoder):
             keys, values = s.keys[i][:n], s.values[i][:n]
             keys.scatter_(2, where, k.to(keys.dtype))
             values.scatter_(2, where, v.to(values.dtype))
-            x = x + self._attend(attn, q, keys, values, mask)
+            x = x + self._attend(attn, q, keys[:, :, :span], values[:, :, :span], mask)
             x = x + self._mlp(layer.mlp, self._norm(x, layer.post_attention_layernorm))
         s.write[:n] += 1
         s.positions[:n] += 1

@@ -45,6 +45,7 @@ from grpo.sampling.own import HFSampler, cut_warper, draw, drawn_from, stop_chec
 
 CHECK_EVERY = 8          # tokens decoded between two looks from the host
 CAPACITY_ROUND = 64      # the prompt part of the cache is rounded up to this, so it is reused
+SPAN_ROUND = 128         # the keys a step attends over are rounded up to this (static.span_for)
 
 
 def buckets(top: int, *, few: bool = False) -> list[int]:
@@ -173,7 +174,7 @@ class StaticDecode:
         out_t = torch.where(live, t, T)
         self.tokens[out_row, out_t] = chosen
         self.logprobs[out_row, out_t] = logp
-        ending = live & torch.isin(chosen, self.eos)
+        ending = live & (chosen[:, None] == self.eos).any(-1)      # no isin: it may sync
         self.lengths[out_row] = torch.where(ending, t + 1, self.lengths[out_row])
         self.live[lo:hi] = live & ~ending & (t + 1 < T)
         self.drawn[lo:hi] = t + live.long()
@@ -181,9 +182,9 @@ class StaticDecode:
             seen.scatter_(1, chosen[:, None], True)
         self.next[lo:hi] = chosen
 
-    def _tick(self, n: int) -> None:
+    def _tick(self, n: int, span: int) -> None:
         with self._autocast():
-            logits = self.decoder.step(self.next[:n], self.slots)
+            logits = self.decoder.step(self.next[:n], self.slots, span)
             self._draw_into(logits, 0, n)
 
     def _autocast(self):
@@ -191,9 +192,17 @@ class StaticDecode:
             return nullcontext()
         return torch.autocast("cuda", dtype=self.autocast, cache_enabled=False)
 
-    def tick(self, n: int) -> None:
+    def span_for(self, longest: int) -> int:
+        """The slots attention reads when no running row has more than `longest` keys: a
+        multiple of SPAN_ROUND (few distinct spans, so few graphs), all of them for `compiled`
+        (each span would be compiled on its own)."""
+        if self.mode == "compiled":
+            return self.slots.capacity
+        return min(self.slots.capacity, -(-longest // SPAN_ROUND) * SPAN_ROUND)
+
+    def tick(self, n: int, span: int) -> None:
         if self.mode == "graphs":
-            graph = self.graphs.get(n) or self._capture(n)
+            graph = self.graphs.get((n, span)) or self._capture(n, span)
             if graph is not None:
                 graph.replay()
                 return
@@ -202,35 +211,37 @@ class StaticDecode:
                 self._compile()
             if self.compiled is not None:
                 try:
-                    self.compiled(n)
+                    self.compiled(n, span)
                     return
                 except Exception as e:      # noqa: BLE001  the eager step is the same function
                     self._fall_back(f"torch.compile failed ({type(e).__name__}: {e})")
-        self._tick(n)
+        self._tick(n, span)
 
     def _fall_back(self, why: str) -> None:
         self.log(f"sampler: decode={self.mode} is not available here ({why}); decoding with "
                  "decode=static (the same step, not captured)")
         self.mode, self.graphs, self.compiled = "static", {}, None
 
-    def _capture(self, n: int):
+    def _capture(self, n: int, span: int):
+        """The step of (n, span) as a CUDA graph. The first capture is preceded by one eager
+        step on a side stream (kernels chosen, workspaces made, as torch.cuda.graph asks): a
+        real step of the running rows, which it advances by one token."""
         try:
-            if not self._warm:       # kernels chosen and memory pools made on a side stream,
-                stream = torch.cuda.Stream(self.device)    # on slots no row runs in yet
+            if not self._warm:
+                stream = torch.cuda.Stream(self.device)
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
-                    for _ in range(2):
-                        self._tick(self.S)
+                    self._tick(n, span)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 self._warm = True
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._tick(n)
+                self._tick(n, span)
         except Exception as e:   # noqa: BLE001
             self._fall_back(f"capturing a CUDA graph failed ({type(e).__name__}: {e})")
             return None
-        self.graphs[n] = graph
+        self.graphs[(n, span)] = graph
         return graph
 
     def _compile(self) -> None:
@@ -311,8 +322,10 @@ def generate_static(decode: StaticDecode, prompt_ids: torch.Tensor, prompt_mask:
         n = bucket_of(running, decode.sizes)
         drawn = decode.drawn[:running].cpu()
         left = int((T - drawn[live]).min()) if bool(live.any()) else 1
-        for _ in range(max(1, min(CHECK_EVERY, left))):
-            decode.tick(n)
+        ticks = max(1, min(CHECK_EVERY, left))
+        span = decode.span_for(int(decode.slots.write[:running].max()) + ticks + 1)
+        for _ in range(ticks):
+            decode.tick(n, span)
         rows = decode.row[:running].cpu()
         live = decode.live[:running].cpu()
         if stopped is not None:
