@@ -9,7 +9,8 @@ so a CUDA context is fine); with sampler=hf and rollout_workers=0 it samples wit
 sampler on a copy of the policy, on a CUDA stream of its own. For a random Qwen2.5-0.5B-shaped
 model (mixed_precision=bf16, 8 prompts x 8 completions of up to `--tokens` new tokens) it runs:
 
-    sync        async_steps=0
+    sync        async_steps=0 (decode=auto: on CUDA, the static cache with CUDA graphs)
+    sync_decode_eager  the same with decode=eager: the step before the static cache
     async       async_steps=1 rollout_workers=0, twice: do the two runs repeat each other?
     fsdp        the same under torchrun (one process) with parallel=fsdp: FSDP2 and the client
     resume      (tiny shape) async_steps=1 killed with SIGKILL in its 4th sampling, resumed with
@@ -145,6 +146,13 @@ def main() -> None:
         say("sync")
         sync = train_with(keys(model_dir, args, async_steps=0, output_dir=str(work / "sync")))
         runs["sync"] = summary(sync)
+        say("sync, decode=eager (the sampler before its static cache)")
+        before = train_with(keys(model_dir, args, async_steps=0, decode="eager",
+                                 output_dir=str(work / "sync_eager")))
+        runs["sync_decode_eager"] = summary(before)
+        report["sync_over_decode_eager_step_time"] = round(
+            runs["sync"]["sec_per_step"] / runs["sync_decode_eager"]["sec_per_step"], 3)
+        del before
         say("async, twice")
         a1 = train_with(keys(model_dir, args, async_steps=1, rollout_workers=0, output_dir=str(work / "a1")))
         runs["async"] = summary(a1)

@@ -7,19 +7,25 @@ For each shape (random weights, bfloat16 on the GPU) and batch size, `--tokens` 
 with EOS ignored (an id the model never draws), one prompt of 32 tokens shared by the batch's rows
 as one group:
 
-    grpo        grpo's own sampler (sampling.own.generate_with_lengths, temperature 1)
-    hf_static   Hugging Face `generate` with its static cache (`cache_implementation="static"`,
-                which transformers compiles on CUDA): what TRL samples with when it has no vLLM
-    hf_dynamic  `generate` with its default cache
+    grpo_graphs    grpo's own sampler on its static cache, each step a CUDA graph (decode=graphs,
+                   what decode=auto takes on CUDA); on a CPU (--smoke) grpo_static, the same
+                   step not captured
+    hf_static      Hugging Face `generate` with its static cache (`cache_implementation="static"`,
+                   which transformers compiles on CUDA): what TRL samples with when it has no vLLM
+    grpo_eager     grpo's own sampler as it was before the static cache (decode=eager)
+    grpo_compiled  the static step under torch.compile(mode="reduce-overhead") (decode=compiled),
+                   at the first batch size only (its compilation is the cost)
+    hf_dynamic     `generate` with its default cache
 
 and reports generated tokens/s, peak GPU memory, and the bandwidth bound: each decode step reads
 every weight once and the batch's KV cache so far, so at the copy bandwidth measured in the same
 run (a device-to-device copy of 2 GiB) a run of T tokens takes at least
-sum_t (weight bytes + KV bytes at t) / bandwidth. tokens/s as a fraction of that bound, and
-grpo / hf_static, are the figures. A variant whose 16-token probe predicts more than
-`--budget-s` for the whole run is not run, and says so (the whole script keeps under 6 minutes).
-Last, the log-probs grpo's sampler recorded in bfloat16 on the GPU against a float32 pass on
-the CPU over the same tokens (max and mean |difference|). One JSON file goes to
+sum_t (weight bytes + KV bytes at t) / bandwidth. tokens/s as a fraction of that bound, the best
+grpo variant over grpo_eager (today's sampler) and over hf_static are the figures. A variant whose
+16-token probe predicts more than `--budget-s` for the whole run is not run, and says so; past
+`--deadline-s` the variants left are not run either (the whole script keeps under 6 minutes).
+Last, the log-probs grpo's sampler (its best variant) recorded in bfloat16 on the GPU against a
+float32 pass on the CPU over the same tokens (max and mean |difference|). One JSON file goes to
 benchmarks/results/, named by the device.
 """
 
@@ -81,12 +87,38 @@ def prompt(tokenizer, batch: int, device: str):
     return ids.to(device), torch.ones_like(ids).to(device)
 
 
+NEVER = 10 ** 9            # an EOS id no row draws: every row runs all its tokens
+
+
 def run_grpo(model, tokenizer, batch: int, tokens: int, device: str):
     from grpo.sampling.own import generate_with_lengths
     ids, mask = prompt(tokenizer, batch, device)
-    never = len(tokenizer) + 7          # an EOS id no row draws: every row runs `tokens` tokens
-    return generate_with_lengths(model, ids, mask, tokens, never, tokenizer.pad_token_id,
+    return generate_with_lengths(model, ids, mask, tokens, NEVER, tokenizer.pad_token_id,
                                  group_size=batch)
+
+
+_DECODES: dict = {}
+
+
+def run_static(model, tokenizer, batch: int, tokens: int, device: str, mode: str):
+    """grpo's static decoder (sampling/static.py) in `mode`, kept per (batch, tokens, mode) so
+    its graphs are captured (or compiled) once, in the warm-up call."""
+    from grpo.sampling.static import CAPACITY_ROUND, StaticDecode, generate_static
+    key = (id(model), batch, tokens, mode)
+    if key not in _DECODES:
+        _DECODES.clear()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        _DECODES[key] = StaticDecode(
+            model, rows=batch, slots=batch, capacity=CAPACITY_ROUND + tokens, max_new_tokens=tokens,
+            vocab=model.get_output_embeddings().weight.shape[0], eos=torch.tensor([NEVER]),
+            pad=tokenizer.pad_token_id, temperature=1.0, warper=None, greedy=False, penalty=1.0,
+            mode=mode, log=print)
+    ids, mask = prompt(tokenizer, batch, device)
+    out = generate_static(_DECODES[key], ids, mask, batch, torch.rand(batch, tokens))
+    if _DECODES[key].mode != mode:
+        raise RuntimeError(f"decode={mode} fell back to {_DECODES[key].mode}")
+    return out
 
 
 def run_hf(model, tokenizer, batch: int, tokens: int, device: str, cache: str | None):
@@ -111,19 +143,36 @@ def timed(fn, device: str) -> tuple[float, float]:
     return time.perf_counter() - start, peak
 
 
-def measure(name: str, model, tokenizer, batch: int, args, device: str) -> dict:
-    runs = {"grpo": lambda n: run_grpo(model, tokenizer, batch, n, device),
+def variants(model, tokenizer, batch: int, device: str, first_batch: bool) -> dict:
+    best = "graphs" if device == "cuda" else "static"
+    runs = {f"grpo_{best}": lambda n: run_static(model, tokenizer, batch, n, device, best),
             "hf_static": lambda n: run_hf(model, tokenizer, batch, n, device, "static"),
-            "hf_dynamic": lambda n: run_hf(model, tokenizer, batch, n, device, None)}
+            "grpo_eager": lambda n: run_grpo(model, tokenizer, batch, n, device)}
+    if device == "cuda" and first_batch:
+        runs["grpo_compiled"] = lambda n: run_static(model, tokenizer, batch, n, device, "compiled")
+    runs["hf_dynamic"] = lambda n: run_hf(model, tokenizer, batch, n, device, None)
+    return runs
+
+
+def measure(name: str, model, tokenizer, batch: int, args, device: str, first_batch: bool,
+            started: float) -> dict:
     out = {}
-    for variant, fn in runs.items():
-        probe_s, _ = timed(lambda: fn(16), device)
-        predicted = probe_s * args.tokens / 16
-        if predicted > args.budget_s:
-            out[variant] = {"skipped": f"its 16-token probe predicts {predicted:.0f} s for "
-                                       f"{args.tokens} tokens, over --budget-s {args.budget_s:g}"}
+    for variant, fn in variants(model, tokenizer, batch, device, first_batch).items():
+        if time.perf_counter() - started > args.deadline_s:
+            out[variant] = {"skipped": f"past --deadline-s {args.deadline_s:g}"}
             continue
-        seconds, peak = timed(lambda: fn(args.tokens), device)
+        try:
+            probe_s, _ = timed(lambda: fn(16), device)
+            predicted = probe_s * args.tokens / 16
+            if predicted > args.budget_s:
+                out[variant] = {"skipped": f"its 16-token probe predicts {predicted:.0f} s for "
+                                           f"{args.tokens} tokens, over --budget-s {args.budget_s:g}"}
+                continue
+            seconds, peak = timed(lambda: fn(args.tokens), device)
+        except Exception as e:     # noqa: BLE001  one variant's failure is a figure too
+            out[variant] = {"failed": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"{name} batch {batch} {variant}: {out[variant]}", flush=True)
+            continue
         out[variant] = {"tokens_per_s": round(batch * args.tokens / seconds, 1),
                         "seconds": round(seconds, 3), "peak_gpu_gb": round(peak, 2)}
         print(f"{name} batch {batch} {variant}: {out[variant]}", flush=True)
@@ -131,9 +180,11 @@ def measure(name: str, model, tokenizer, batch: int, args, device: str) -> dict:
 
 
 def logp_difference(model_dir: Path, model, tokenizer, device: str, tokens: int) -> dict:
-    """|sampler log-prob (this device, bf16) - float32 log-prob on the CPU| over sampled tokens."""
+    """|sampler log-prob (this device, bf16) - float32 log-prob on the CPU| over sampled tokens,
+    from grpo's best variant (its static decoder)."""
     from grpo.models import load_policy, token_logprobs
-    completion, logprobs, _ = run_grpo(model, tokenizer, 4, tokens, device)
+    completion, logprobs, _ = run_static(model, tokenizer, 4, tokens, device,
+                                         "graphs" if device == "cuda" else "static")
     ids, mask = prompt(tokenizer, 4, "cpu")
     full = torch.cat([ids.repeat(4, 1), completion.cpu()], dim=1)
     with torch.no_grad():
@@ -148,6 +199,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 512])
     ap.add_argument("--budget-s", type=float, default=40.0)
+    ap.add_argument("--deadline-s", type=float, default=320.0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,6 +223,7 @@ def main() -> None:
 
 
 def measure_all(args, device: str, shapes: dict, load_policy, AutoTokenizer) -> dict:
+    started = time.perf_counter()
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "torch": torch.__version__, "tokens": args.tokens, "prompt_tokens": PROMPT_TOKENS,
               "copy_bandwidth_gb_s": round(copy_bandwidth(device, 0.05 if args.smoke else 2) / 1e9, 1),
@@ -184,14 +237,21 @@ def measure_all(args, device: str, shapes: dict, load_policy, AutoTokenizer) -> 
         entry = {"params": sum(p.numel() for p in model.parameters()), "batches": {}}
         with torch.no_grad():
             for batch in args.batches:
-                got = measure(name, model, tokenizer, batch, args, device)
+                got = measure(name, model, tokenizer, batch, args, device,
+                              batch == args.batches[0], started)
                 bound = bound_tokens_per_s(model, batch, args.tokens, bandwidth)
                 got["bound_tokens_per_s"] = round(bound, 1)
-                if "tokens_per_s" in got["grpo"]:
-                    got["grpo_fraction_of_bound"] = round(got["grpo"]["tokens_per_s"] / bound, 4)
-                    if "tokens_per_s" in got["hf_static"]:
-                        got["grpo_over_hf_static"] = round(
-                            got["grpo"]["tokens_per_s"] / got["hf_static"]["tokens_per_s"], 3)
+                rates = {k: v["tokens_per_s"] for k, v in got.items()
+                         if isinstance(v, dict) and "tokens_per_s" in v}
+                for k, rate in rates.items():
+                    got[f"{k}_fraction_of_bound"] = round(rate / bound, 4)
+                ours = [k for k in rates if k.startswith("grpo_") and k != "grpo_eager"]
+                if ours:
+                    best = max(ours, key=rates.get)
+                    got["grpo_best"] = best
+                    for peer in ("grpo_eager", "hf_static"):
+                        if peer in rates:
+                            got[f"grpo_best_over_{peer}"] = round(rates[best] / rates[peer], 3)
                 entry["batches"][str(batch)] = got
             entry["logp_vs_cpu_float32"] = logp_difference(work, model, tokenizer, device,
                                                            min(args.tokens, 64))

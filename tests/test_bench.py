@@ -41,12 +41,16 @@ def test_the_sampler_benchmark_runs_its_smoke_mode_on_a_cpu(tmp_path):
     smoke = report["models"]["smoke"]
     for batch in ("2", "4"):
         got = smoke["batches"][batch]
-        for variant in ("grpo", "hf_static", "hf_dynamic"):
-            assert got[variant]["tokens_per_s"] > 0, (batch, variant)
-        assert 0 < got["grpo"]["tokens_per_s"] < got["bound_tokens_per_s"]
-        assert got["grpo_fraction_of_bound"] == pytest.approx(
-            got["grpo"]["tokens_per_s"] / got["bound_tokens_per_s"], abs=1e-4)
-    # float32 on both sides here: the sampler's recorded log-probs are the CPU pass's
+        for variant in ("grpo_static", "grpo_eager", "hf_static", "hf_dynamic"):
+            assert 0 < got[variant]["tokens_per_s"] < got["bound_tokens_per_s"], (batch, variant)
+            assert got[f"{variant}_fraction_of_bound"] == pytest.approx(
+                got[variant]["tokens_per_s"] / got["bound_tokens_per_s"], abs=1e-4)
+        assert got["grpo_best"] == "grpo_static"          # no graphs on a CPU: the static step
+        assert got["grpo_best_over_grpo_eager"] == pytest.approx(
+            got["grpo_static"]["tokens_per_s"] / got["grpo_eager"]["tokens_per_s"], abs=2e-3)
+        assert got["grpo_best_over_hf_static"] == pytest.approx(
+            got["grpo_static"]["tokens_per_s"] / got["hf_static"]["tokens_per_s"], abs=2e-3)
+    # float32 on both sides here: the static sampler's recorded log-probs are the CPU pass's
     assert smoke["logp_vs_cpu_float32"]["max"] < 1e-4
     # the bound by hand: 2 layers, 2 KV heads of 16 (hidden 64 / 4 heads), float32, a 32-token
     # prompt, 24 tokens, batch 4: sum_t (weights + 2*2*2*16*4 * 4 * (32 + t)) / bandwidth

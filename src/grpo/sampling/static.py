@@ -236,7 +236,9 @@ class StaticDecode:
                 self._warm = True
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: another thread (the trainer, while this one samples ahead of it)
+            # may use CUDA as it likes during the capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 self._tick(n, span)
         except Exception as e:   # noqa: BLE001
             self._fall_back(f"capturing a CUDA graph failed ({type(e).__name__}: {e})")
