@@ -212,3 +212,31 @@ def test_a_model_the_lean_decoder_does_not_run_is_refused_a_static_mode(tmp_path
                                           r"grpo's lean decoder runs"):
         own_sampler(model, tokenizer, max_new_tokens=4, decode="static")
     assert type(own_sampler(model, tokenizer, max_new_tokens=4, decode="auto")) is HFSampler
+
+
+def test_new_weight_tensors_make_a_new_static_decoder(tiny):
+    """A kept decoder (and its captured graphs) reads the parameters it was built on; a model
+    whose weights now live in other tensors gets a new one, which samples from them."""
+    import copy
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    s = own_sampler(model, tokenizer, max_new_tokens=T, decode="static")
+    s.sample(PROMPTS, G, uniforms=draws())
+    kept = s._kept[1]
+    with torch.no_grad():
+        model.model.norm.weight.mul_(2.0)                       # in place: the same tensors
+    s.sample(PROMPTS, G, uniforms=draws())
+    assert s._kept[1] is kept
+    norm = model.model.norm
+    norm.weight = torch.nn.Parameter(norm.weight.detach() * 3)  # a new tensor, other values
+    fresh = s.sample(PROMPTS, G, uniforms=draws())
+    assert s._kept[1] is not kept
+    eager = own_sampler(model, tokenizer, max_new_tokens=T, decode="eager")
+    assert torch.equal(fresh.completion_ids, eager.sample(PROMPTS, G, uniforms=draws()).completion_ids)
+
+
+def test_a_task_with_tools_is_refused_a_static_decode_before_any_work(tmp_path):
+    c = build_config({"task": "calculator", "steps": 1, "sft_steps": 0, "decode": "static",
+                      "eval_every": 0, "output_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"config key 'decode': decode=static decodes "
+                                          r"single-turn completions; multi-turn episodes"):
+        train(c, log=lambda s: None, write_files=False)

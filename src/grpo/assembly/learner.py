@@ -135,6 +135,10 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
     if agent is not None and cut:      # a task's own tools make an agent run without `tools`
         raise ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
                           "episodes (tools, environment, a task with tools) do not yet")
+    if agent is not None and s.decode not in ("auto", "eager"):
+        raise ConfigError(f"config key 'decode': decode={s.decode} decodes single-turn "
+                          "completions; multi-turn episodes (tools, environment, a task with "
+                          "tools) decode eagerly. Use decode=auto")
     if agent is not None and kind == "hf":
         return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
                               call_format=call_format_of(c, tokenizer, agent),

@@ -110,7 +110,8 @@ class StaticSampler(HFSampler):
         temperature = 1.0 if greedy else self.temperature
         penalty = 1.0 if greedy else self.repetition_penalty
         key = (N, min(self.slots or N, N), P + T, T, temperature, penalty,
-               (self.top_p, self.top_k, self.min_p), greedy, self.mode)
+               (self.top_p, self.top_k, self.min_p), greedy, self.mode,
+               getattr(self.model, "grpo_autocast", None), weights_key(self.model))
         if self._kept is None or self._kept[0] != key:
             self._kept = None                                    # its memory first
             tok = self.tokenizer
@@ -127,6 +128,17 @@ class StaticSampler(HFSampler):
                               stop_check(self.tokenizer, self.stop) if self.stop else None)
         self.mode = decode.mode                     # a fallback to static holds for later calls
         return out
+
+
+def weights_key(model) -> tuple:
+    """What a captured step read of the model: each parameter's storage, and each LoRA layer's
+    switches (merged, disabled, active adapters). A change in either (a fresh adapter, weights
+    loaded into new tensors, a model moved) makes the kept decoder a new one, so a graph never
+    replays on weights the model no longer has."""
+    ptrs = tuple(p.data_ptr() for p in model.parameters())
+    switches = tuple((m.merged, m.disable_adapters, tuple(m.active_adapters))
+                     for m in model.modules() if hasattr(m, "lora_A"))
+    return hash(ptrs), switches
 
 
 class StaticDecode:
