@@ -119,6 +119,18 @@ def make_learner(c: TrainConfig, policy, tokenizer, agent: Agent | None = None,
     )
 
 
+def single_turn_only(s) -> None:
+    """Refuse, for an agent run, the sampling keys only single-turn sampling applies."""
+    cut = sampler_own_keys(s)
+    if cut:
+        raise ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
+                          "episodes (tools, environment, a task with tools) do not yet")
+    if s.decode not in ("auto", "eager"):
+        raise ConfigError(f"config key 'decode': decode={s.decode} decodes single-turn "
+                          "completions; multi-turn episodes (tools, environment, a task with "
+                          "tools) decode eagerly. Use decode=auto")
+
+
 def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, engine=None,
                  *, kind: str | None = None, sync: bool = True, meet=None,
                  world: distributed.World | None = None, log=print):
@@ -131,14 +143,8 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
     s = c.sampling
     kind = kind or s.sampler
     made = engine is None       # an engine made here is closed with the sampler; a given one is not
-    cut = sampler_own_keys(s)
-    if agent is not None and cut:      # a task's own tools make an agent run without `tools`
-        raise ConfigError(f"config key {cut[0]}: single-turn sampling applies it; multi-turn "
-                          "episodes (tools, environment, a task with tools) do not yet")
-    if agent is not None and s.decode not in ("auto", "eager"):
-        raise ConfigError(f"config key 'decode': decode={s.decode} decodes single-turn "
-                          "completions; multi-turn episodes (tools, environment, a task with "
-                          "tools) decode eagerly. Use decode=auto")
+    if agent is not None:              # a task's own tools make an agent run without `tools`
+        single_turn_only(s)
     if agent is not None and kind == "hf":
         return EpisodeSampler(policy, tokenizer, limits=agent.limits, tools=agent.tools,
                               call_format=call_format_of(c, tokenizer, agent),
