@@ -240,3 +240,30 @@ def test_a_task_with_tools_is_refused_a_static_decode_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"config key 'decode': decode=static decodes "
                                           r"single-turn completions; multi-turn episodes"):
         train(c, log=lambda s: None, write_files=False)
+
+
+def test_the_static_step_under_bf16_autocast_records_float32_logprobs(tiny):
+    """mixed_precision=bf16 on CUDA runs the static step under autocast with a bf16 cache; the
+    same on a CPU here: the cache is bf16, the recorded log-probs float32 and, on the tokens both
+    drew, within bf16 noise of the float32 step's."""
+    from grpo.sampling.static import StaticDecode, generate_static
+    model, tokenizer = tiny
+    ids = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    u = draws()
+
+    def run(dtype):
+        decode = StaticDecode(model, rows=len(PROMPTS) * G, slots=len(PROMPTS) * G, capacity=64 + T,
+                              max_new_tokens=T, vocab=len(tokenizer),
+                              eos=torch.tensor([tokenizer.eos_token_id]), pad=tokenizer.pad_token_id,
+                              temperature=1.0, warper=None, greedy=False, penalty=1.0,
+                              mode="static", compute_dtype=dtype)
+        return decode, generate_static(decode, ids.input_ids, ids.attention_mask, G, u)
+    full, (tokens32, logp32, _) = run(None)
+    half, (tokens16, logp16, _) = run(torch.bfloat16)
+    assert full.slots.keys[0].dtype == torch.float32 and half.slots.keys[0].dtype == torch.bfloat16
+    assert logp16.dtype == torch.float32
+    width = min(tokens16.shape[1], tokens32.shape[1])
+    same = (tokens16[:, :width] == tokens32[:, :width]).int().cumprod(-1).bool()   # common prefix
+    assert same[:, 0].all()
+    gap = (logp16[:, :width] - logp32[:, :width]).abs()[same]
+    assert 0 < gap.max() < 0.1

@@ -98,6 +98,13 @@ class StaticSampler(HFSampler):
         super().__init__(model, tokenizer, **settings)
         self.mode, self.slots, self.log, self._kept = mode, slots, log, None
 
+    def _compute_dtype(self):
+        """mixed_precision=bf16 (the policy's `grpo_autocast`) on CUDA: the static step computes
+        in bf16, as the trainer's forward does; on a CPU it samples in the weights' dtype, as
+        the eager loop does."""
+        on_cuda = next(self.model.parameters()).device.type == "cuda"
+        return getattr(self.model, "grpo_autocast", None) if on_cuda else None
+
     def generate(self, prompt_ids, prompt_mask, group_size: int, *, greedy: bool, uniforms,
                  visuals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if visuals is not None:
@@ -111,7 +118,7 @@ class StaticSampler(HFSampler):
         penalty = 1.0 if greedy else self.repetition_penalty
         key = (N, min(self.slots or N, N), P + T, T, temperature, penalty,
                (self.top_p, self.top_k, self.min_p), greedy, self.mode,
-               getattr(self.model, "grpo_autocast", None), weights_key(self.model))
+               self._compute_dtype(), weights_key(self.model))
         if self._kept is None or self._kept[0] != key:
             self._kept = None                                    # its memory first
             tok = self.tokenizer
@@ -121,7 +128,7 @@ class StaticSampler(HFSampler):
                 eos=eos_ids(tok.eos_token_id), pad=tok.pad_token_id, temperature=temperature,
                 warper=cut_warper(self.top_p, self.top_k, self.min_p, greedy), greedy=greedy,
                 penalty=penalty, mode=self.mode,
-                compute_dtype=getattr(self.model, "grpo_autocast", None), log=self.log)
+                compute_dtype=self._compute_dtype(), log=self.log)
             self._kept = (key, made)
         decode = self._kept[1]
         out = generate_static(decode, prompt_ids, prompt_mask, group_size, uniforms,
@@ -152,7 +159,7 @@ class StaticDecode:
         device = self.decoder.embed.weight.device
         self.device, self.mode = device, mode
         self.log = log or (lambda line: print(line, file=sys.stderr))
-        self.autocast = compute_dtype if compute_dtype is not None and device.type == "cuda" else None
+        self.autocast = compute_dtype            # mixed precision: the step under autocast
         self.N, self.S, self.T, self.V = rows, slots, max_new_tokens, vocab
         self.eos, self.pad = eos.to(device), pad
         self.temperature, self.warper, self.greedy, self.penalty = temperature, warper, greedy, penalty
@@ -202,7 +209,7 @@ class StaticDecode:
     def _autocast(self):
         if self.autocast is None:
             return nullcontext()
-        return torch.autocast("cuda", dtype=self.autocast, cache_enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=False)
 
     def span_for(self, longest: int) -> int:
         """The slots attention reads when no running row has more than `longest` keys: a
