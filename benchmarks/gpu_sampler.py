@@ -24,7 +24,9 @@ sum_t (weight bytes + KV bytes at t) / bandwidth. tokens/s as a fraction of that
 grpo variant over grpo_eager (today's sampler) and over hf_static are the figures. A variant whose
 16-token probe predicts more than `--budget-s` for the whole run is not run, and says so; past
 `--deadline-s` the variants left are not run either (the whole script keeps under 6 minutes).
-Last, the log-probs grpo's sampler (its best variant) recorded in bfloat16 on the GPU against a
+Then the same draws through the static step, its graphs and the eager loop: the rows that differ
+(graphs against static: none expected; eager against static: bf16 near-ties). Last, the
+log-probs grpo's sampler (its best variant) recorded in bfloat16 on the GPU against a
 float32 pass on the CPU over the same tokens (max and mean |difference|). One JSON file goes to
 benchmarks/results/, named by the device.
 """
@@ -90,17 +92,18 @@ def prompt(tokenizer, batch: int, device: str):
 NEVER = 10 ** 9            # an EOS id no row draws: every row runs all its tokens
 
 
-def run_grpo(model, tokenizer, batch: int, tokens: int, device: str):
+def run_grpo(model, tokenizer, batch: int, tokens: int, device: str, uniforms=None):
     from grpo.sampling.own import generate_with_lengths
     ids, mask = prompt(tokenizer, batch, device)
     return generate_with_lengths(model, ids, mask, tokens, NEVER, tokenizer.pad_token_id,
-                                 group_size=batch)
+                                 group_size=batch, uniforms=uniforms)
 
 
 _DECODES: dict = {}
 
 
-def run_static(model, tokenizer, batch: int, tokens: int, device: str, mode: str):
+def run_static(model, tokenizer, batch: int, tokens: int, device: str, mode: str,
+               uniforms=None):
     """grpo's static decoder (sampling/static.py) in `mode`, kept per (batch, tokens, mode) so
     its graphs are captured (or compiled) once, in the warm-up call."""
     from grpo.sampling.static import CAPACITY_ROUND, StaticDecode, generate_static
@@ -115,7 +118,8 @@ def run_static(model, tokenizer, batch: int, tokens: int, device: str, mode: str
             pad=tokenizer.pad_token_id, temperature=1.0, warper=None, greedy=False, penalty=1.0,
             mode=mode, log=print)
     ids, mask = prompt(tokenizer, batch, device)
-    out = generate_static(_DECODES[key], ids, mask, batch, torch.rand(batch, tokens))
+    uniforms = torch.rand(batch, tokens) if uniforms is None else uniforms
+    out = generate_static(_DECODES[key], ids, mask, batch, uniforms)
     if _DECODES[key].mode != mode:
         raise RuntimeError(f"decode={mode} fell back to {_DECODES[key].mode}")
     return out
@@ -193,6 +197,22 @@ def logp_difference(model_dir: Path, model, tokenizer, device: str, tokens: int)
     return {"max": float(diff.max()), "mean": float(diff.mean())}
 
 
+def same_rows(model, tokenizer, device: str, batch: int, tokens: int) -> dict:
+    """The same draws through each decoding: how many of `batch` rows differ anywhere from the
+    static step's (graphs replay the static step's kernels: none should), and how many differ
+    from the eager loop's (bf16 rounding of another summation can flip a near-tie)."""
+    torch.manual_seed(1)
+    u = torch.rand(batch, tokens)
+    static = run_static(model, tokenizer, batch, tokens, device, "static", u)[0]
+    out = {"rows": batch, "tokens": tokens,
+           "eager_rows_differing_from_static": int((run_grpo(
+               model, tokenizer, batch, tokens, device, u)[0] != static).any(-1).sum())}
+    if device == "cuda":
+        graphs = run_static(model, tokenizer, batch, tokens, device, "graphs", u)[0]
+        out["graphs_rows_differing_from_static"] = int((graphs != static).any(-1).sum())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shape and lengths (runs on a CPU)")
@@ -253,6 +273,8 @@ def measure_all(args, device: str, shapes: dict, load_policy, AutoTokenizer) -> 
                         if peer in rates:
                             got[f"grpo_best_over_{peer}"] = round(rates[best] / rates[peer], 3)
                 entry["batches"][str(batch)] = got
+            entry["same_draws"] = same_rows(model, tokenizer, device, min(args.batches),
+                                            min(args.tokens, 128))
             entry["logp_vs_cpu_float32"] = logp_difference(work, model, tokenizer, device,
                                                            min(args.tokens, 64))
         report["models"][name] = entry

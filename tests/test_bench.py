@@ -50,6 +50,9 @@ def test_the_sampler_benchmark_runs_its_smoke_mode_on_a_cpu(tmp_path):
             got["grpo_static"]["tokens_per_s"] / got["grpo_eager"]["tokens_per_s"], abs=2e-3)
         assert got["grpo_best_over_hf_static"] == pytest.approx(
             got["grpo_static"]["tokens_per_s"] / got["hf_static"]["tokens_per_s"], abs=2e-3)
+    same = smoke["same_draws"]               # float32 here: a near-tie may flip one of the two
+    assert same["rows"] == 2 and same["tokens"] == 24
+    assert same["eager_rows_differing_from_static"] <= 1
     # float32 on both sides here: the static sampler's recorded log-probs are the CPU pass's
     assert smoke["logp_vs_cpu_float32"]["max"] < 1e-4
     # the bound by hand: 2 layers, 2 KV heads of 16 (hidden 64 / 4 heads), float32, a 32-token

@@ -61,6 +61,7 @@ def test_every_sampler_of_the_package_is_a_whole_sampler(tiny):
     from grpo.sampling import HFSampler, Sampler
     from grpo.sampling.episodes import EpisodeLimits, EpisodeSampler
     from grpo.sampling.engine import EngineSampler
+    from grpo.sampling.static import StaticSampler
     methods = [n for n, v in vars(Sampler).items() if inspect.isfunction(v) and not n.startswith("_")]
     settings = list(Sampler.__annotations__)
     assert set(methods) == {"sample", "sync", "sleep", "wake", "device", "health", "close"}
@@ -69,12 +70,13 @@ def test_every_sampler_of_the_package_is_a_whole_sampler(tiny):
                                  for m in pkgutil.iter_modules(grpo.sampling.__path__)]
     classes = {c for m in modules for _, c in inspect.getmembers(m, inspect.isclass)
                if c.__module__.startswith("grpo.sampling") and c is not Sampler and hasattr(c, "sample")}
-    assert classes == {HFSampler, EpisodeSampler, EngineSampler}
+    assert classes == {HFSampler, StaticSampler, EpisodeSampler, EngineSampler}
     for cls in classes:
         assert all(callable(getattr(cls, n, None)) for n in methods), cls
 
     model, tok = tiny
     samplers = [HFSampler(model, tok, max_new_tokens=4),
+                StaticSampler(model, tok, max_new_tokens=4),
                 EpisodeSampler(model, tok, limits=EpisodeLimits(), tools={}, call_format="plain",
                                make_env=None)]
     for sampler in samplers:   # EngineSampler's instance: tests/test_vllm.py, on the real engine

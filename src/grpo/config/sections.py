@@ -197,12 +197,15 @@ class SamplingConfig:
     drops ended rows at once (fastest on a CPU). `static`: every tensor allocated once per call,
     rows in fixed slots, the host looking every 8 tokens. `graphs`: `static` with each step
     captured in a CUDA graph and replayed (CUDA only). `compiled`: `static` under
-    torch.compile(mode="reduce-overhead"). All four draw the same tokens from the same draws.
-    `auto`: `graphs` on CUDA for the models grpo's lean decoder runs (Llama, Qwen2, Mistral)
-    without images, `eager` otherwise."""
+    torch.compile(mode="reduce-overhead"). All four draw a row's tokens from the same per-row
+    draws: in float64 the same tokens; in float32 or bf16 a changed rounding (a longer
+    attention sum, another batch size) can flip a near-tie. Under mixed_precision=bf16 on CUDA
+    the static modes sample from a bf16 copy of the policy, refreshed every call. `auto`:
+    `graphs` on CUDA for the models grpo's lean decoder runs (Llama, Qwen2, Mistral) without
+    images or batch-dependent rotary embeddings, `eager` otherwise."""
     decode_slots: int = 0
     """decode=static|graphs|compiled: rows decoded at once (0: all of the call's). With fewer,
-    rows wait in order and take the slots ended rows free (continuous batching); a row's tokens
+    rows wait in order and take the slots ended rows free (continuous batching); a row's draws
     do not depend on its slot."""
     vllm_gpu_memory_utilization: float = 0.3
     """sampler=vllm: the fraction of GPU memory the engine takes for its weights and KV cache."""

@@ -13,7 +13,8 @@ captured graph. Here every tensor is allocated once per `sample` call:
     step(n, span)  one token for slots [0, n), attending over their first `span` slots: reads
                    and writes only those views, with no shape that depends on the data, so
                    each (n, span) is one graph.
-    compact        moves the slots still running to the front, for a smaller bucket.
+    compact        moves the slots still running to the front (their keys so far only), for a
+                   smaller bucket.
 
 Attention in `step` reads a row's first `span` slots (a multiple of 128 past the longest running
 row) under the `valid` mask: the masked ones add exact zeros, so a row's numbers are today's decoder's with a longer sum (bit-equal in float64 up to
@@ -43,6 +44,21 @@ class Slots:
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.keys, *self.values, self.valid, self.write, self.positions]
+
+    def compact(self, keep: torch.Tensor, width: int) -> None:
+        """Move slots `keep` [m] to slots [0, m), in place (the tensors keep their storage, so a
+        graph captured on a prefix of them still reads them); `width` covers every key they
+        hold. Past it a moved slot is marked empty: whatever an earlier row left there is
+        never read."""
+        m = len(keep)
+        width = min(width, self.capacity)
+        for cache in (self.keys, self.values):
+            for t in cache:
+                t[:m, :, :width] = t[keep, :, :width]
+        self.valid[:m, :width] = self.valid[keep, :width]
+        self.valid[:m, width:] = False
+        for t in (self.write, self.positions):
+            t[:m] = t[keep]
 
 
 class SlotDecoder(Decoder):
@@ -113,10 +129,3 @@ class SlotDecoder(Decoder):
         s.write[:n] += 1
         s.positions[:n] += 1
         return self._logits(self._norm(x, self.norm))
-
-
-def compact(tensors: list[torch.Tensor], keep: torch.Tensor) -> None:
-    """Move rows `keep` [m] of each tensor (rows on dim 0) to rows [0, m), in place: the
-    tensors keep their storage, so a graph captured on a prefix of them still reads them."""
-    for t in tensors:
-        t[:len(keep)] = t[keep]

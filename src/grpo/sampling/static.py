@@ -30,16 +30,16 @@ run.
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 
 from grpo import vision
 from grpo.config import ConfigError
 from grpo.models import decoder
-from grpo.models.slots import SlotDecoder, Slots, compact
+from grpo.models.slots import SlotDecoder, Slots
 from grpo.sampling.interface import eos_ids
 from grpo.sampling.own import HFSampler, cut_warper, draw, drawn_from, stop_check
 
@@ -69,6 +69,12 @@ def static_mode(model, decode: str) -> str:
     take is refused in one line."""
     device = next(model.parameters()).device
     plain = decoder.supports(model) and not vision.is_vision_model(model)
+    if plain and rope_of(model) in BATCH_ROPE:
+        if decode not in ("auto", "eager"):
+            raise ConfigError(f"config key 'decode': decode={decode} runs rows of different "
+                              f"lengths in one step; {rope_of(model)} rotary embeddings depend on "
+                              "the batch's longest position. Use decode=eager")
+        plain = False
     if decode == "auto":
         return "graphs" if device.type == "cuda" and plain else "eager"
     if decode != "eager" and not plain:
@@ -78,6 +84,14 @@ def static_mode(model, decode: str) -> str:
         raise ConfigError(f"config key 'decode': decode={decode} captures CUDA graphs; the policy is on {device.type}. "
                          "Use decode=static or compiled there")
     return decode
+
+
+BATCH_ROPE = {"dynamic", "longrope"}   # their frequencies follow the batch's longest position
+
+
+def rope_of(model) -> str:
+    backbone = getattr(decoder.unwrap(model), decoder.unwrap(model).base_model_prefix)
+    return getattr(backbone.rotary_emb, "rope_type", "default")
 
 
 def own_sampler(model, tokenizer, *, decode: str = "auto", decode_slots: int = 0, log=None,
@@ -96,7 +110,14 @@ class StaticSampler(HFSampler):
     def __init__(self, model, tokenizer, *, mode: str = "static", slots: int = 0, log=None,
                  **settings):
         super().__init__(model, tokenizer, **settings)
-        self.mode, self.slots, self.log, self._kept = mode, slots, log, None
+        self.mode, self.slots, self.log = mode, slots, log
+        self._kept = None            # (settings, StaticDecode): kept while they hold
+        self._shadow = None          # (weights_key, bf16 copy of the policy) under mixed precision
+
+    def close(self) -> None:
+        """Free the kept cache, graphs and bf16 copy (between calls they stay: the update runs
+        beside them, and the next call replays them)."""
+        self._kept = self._shadow = None
 
     def _compute_dtype(self):
         """mixed_precision=bf16 (the policy's `grpo_autocast`) on CUDA: the static step computes
@@ -105,6 +126,25 @@ class StaticSampler(HFSampler):
         on_cuda = next(self.model.parameters()).device.type == "cuda"
         return getattr(self.model, "grpo_autocast", None) if on_cuda else None
 
+    @torch.no_grad()
+    def _decoding_model(self):
+        """The model a step reads. Under mixed precision with float32 weights: a copy of the
+        policy in the compute dtype, refreshed from the policy at each call (one cast pass a call,
+        where autocast would cast every weight at every token); otherwise the policy itself."""
+        dtype = self._compute_dtype()
+        if dtype is None or next(self.model.parameters()).dtype == dtype:
+            self._shadow = None
+            return self.model
+        key = weights_key(self.model)
+        if self._shadow is None or self._shadow[0] != key:
+            self._shadow = None
+            copy_ = copy.deepcopy(self.model).to(dtype).requires_grad_(False).eval()
+            self._shadow = (key, copy_)
+        for mine, theirs in zip(self._shadow[1].parameters(), self.model.parameters()):
+            mine.copy_(theirs)
+        return self._shadow[1]
+
+    @torch.no_grad()
     def generate(self, prompt_ids, prompt_mask, group_size: int, *, greedy: bool, uniforms,
                  visuals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if visuals is not None:
@@ -114,36 +154,39 @@ class StaticSampler(HFSampler):
         if uniforms is None:        # the draws made here, once, so no row's depend on its slot
             uniforms = torch.rand(N, T)
         P = -(-int(prompt_mask.sum(-1).max()) // CAPACITY_ROUND) * CAPACITY_ROUND
+        model = self._decoding_model()
         temperature = 1.0 if greedy else self.temperature
         penalty = 1.0 if greedy else self.repetition_penalty
-        key = (N, min(self.slots or N, N), P + T, T, temperature, penalty,
-               (self.top_p, self.top_k, self.min_p), greedy, self.mode,
-               self._compute_dtype(), weights_key(self.model))
-        if self._kept is None or self._kept[0] != key:
-            self._kept = None                                    # its memory first
+        settings = (T, temperature, penalty, (self.top_p, self.top_k, self.min_p), greedy,
+                    self.mode, self.slots, weights_key(model))
+        kept = self._kept[1] if self._kept is not None and self._kept[0] == settings else None
+        if kept is None or kept.N < N or kept.slots.capacity < P + T:
+            # sized for the largest call so far: smaller ones reuse it, its graphs included
+            rows = max(N, kept.N if kept is not None else 0)
+            capacity = max(P + T, kept.slots.capacity if kept is not None else 0)
+            self._kept = kept = None                             # its memory first
             tok = self.tokenizer
-            made = StaticDecode(
-                self.model, rows=N, slots=key[1], capacity=P + T, max_new_tokens=T,
-                vocab=decoder.unwrap(self.model).get_output_embeddings().weight.shape[0],
+            kept = StaticDecode(
+                model, rows=rows, slots=self.slots or rows, capacity=capacity, max_new_tokens=T,
+                vocab=decoder.unwrap(model).get_output_embeddings().weight.shape[0],
                 eos=eos_ids(tok.eos_token_id), pad=tok.pad_token_id, temperature=temperature,
                 warper=cut_warper(self.top_p, self.top_k, self.min_p, greedy), greedy=greedy,
-                penalty=penalty, mode=self.mode,
-                compute_dtype=self._compute_dtype(), log=self.log)
-            self._kept = (key, made)
-        decode = self._kept[1]
-        out = generate_static(decode, prompt_ids, prompt_mask, group_size, uniforms,
+                penalty=penalty, mode=self.mode, log=self.log)
+            self._kept = (settings, kept)
+        out = generate_static(kept, prompt_ids, prompt_mask, group_size, uniforms,
                               stop_check(self.tokenizer, self.stop) if self.stop else None)
-        self.mode = decode.mode                     # a fallback to static holds for later calls
+        self.mode = kept.mode                       # a fallback to static holds for later calls
         return out
 
 
 def weights_key(model) -> tuple:
     """What a captured step read of the model: each parameter's storage, and each LoRA layer's
-    switches (merged, disabled, active adapters). A change in either (a fresh adapter, weights
+    switches (merged, disabled, active adapters, scaling). A change in either (a fresh adapter, weights
     loaded into new tensors, a model moved) makes the kept decoder a new one, so a graph never
     replays on weights the model no longer has."""
     ptrs = tuple(p.data_ptr() for p in model.parameters())
-    switches = tuple((m.merged, m.disable_adapters, tuple(m.active_adapters))
+    switches = tuple((m.merged, m.disable_adapters, tuple(m.active_adapters),
+                      tuple(sorted(m.scaling.items())))
                      for m in model.modules() if hasattr(m, "lora_A"))
     return hash(ptrs), switches
 
@@ -154,16 +197,15 @@ class StaticDecode:
 
     def __init__(self, model, *, rows: int, slots: int, capacity: int, max_new_tokens: int,
                  vocab: int, eos: torch.Tensor, pad: int, temperature: float, warper, greedy: bool,
-                 penalty: float, mode: str, compute_dtype=None, log=None):
+                 penalty: float, mode: str, log=None):
         self.decoder = SlotDecoder(model)
         device = self.decoder.embed.weight.device
         self.device, self.mode = device, mode
         self.log = log or (lambda line: print(line, file=sys.stderr))
-        self.autocast = compute_dtype            # mixed precision: the step under autocast
         self.N, self.S, self.T, self.V = rows, slots, max_new_tokens, vocab
         self.eos, self.pad = eos.to(device), pad
         self.temperature, self.warper, self.greedy, self.penalty = temperature, warper, greedy, penalty
-        self.slots: Slots = self.decoder.allocate(slots, capacity, dtype=self.autocast, device=device)
+        self.slots: Slots = self.decoder.allocate(slots, capacity, device=device)
         N, T, S = rows, max_new_tokens, slots
         self.uniforms = torch.zeros(N + 1, T + 1, device=device)
         self.tokens = torch.full((N + 1, T + 1), pad, dtype=torch.long, device=device)
@@ -202,14 +244,7 @@ class StaticDecode:
         self.next[lo:hi] = chosen
 
     def _tick(self, n: int, span: int) -> None:
-        with self._autocast():
-            logits = self.decoder.step(self.next[:n], self.slots, span)
-            self._draw_into(logits, 0, n)
-
-    def _autocast(self):
-        if self.autocast is None:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=False)
+        self._draw_into(self.decoder.step(self.next[:n], self.slots, span), 0, n)
 
     def span_for(self, longest: int) -> int:
         """The slots attention reads when no running row has more than `longest` keys: a
@@ -254,10 +289,12 @@ class StaticDecode:
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 self._warm = True
                 self._pool = torch.cuda.graph_pool_handle()
+                self._stream = torch.cuda.Stream(self.device)     # this decoder's captures'
             graph = torch.cuda.CUDAGraph()
             # thread_local: another thread (the trainer, while this one samples ahead of it)
             # may use CUDA as it likes during the capture
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+                                  capture_error_mode="thread_local"):
                 self._tick(n, span)
         except Exception as e:   # noqa: BLE001
             self._fall_back(f"capturing a CUDA graph failed ({type(e).__name__}: {e})")
@@ -272,17 +309,20 @@ class StaticDecode:
                       self.lengths, self.next, self.row, self.drawn, self.live,
                       *(() if self.seen is None else (self.seen,))):
                 dynamo.mark_static_address(t)
-            # each bucket is one specialization of the step (its n is a constant in it)
-            limit = len(self.sizes) + 8
-            if getattr(dynamo.config, "recompile_limit", limit) < limit:
-                dynamo.config.recompile_limit = limit
+            # Each bucket is one specialization of the step (its n a constant in it), cached on
+            # the code object all decoders share: a new decoder starts from an empty cache,
+            # and one past the limit fails (and falls back, saying so) rather than running
+            # eagerly in silence.
+            dynamo.reset()
+            dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, len(self.sizes) + 2)
+            dynamo.config.fail_on_recompile_limit_hit = True
             self.compiled = torch.compile(self._tick, mode="reduce-overhead", dynamic=False)
         except Exception as e:   # noqa: BLE001
             self._fall_back(f"torch.compile failed ({type(e).__name__}: {e})")
 
     # -- a call -----------------------------------------------------------------------------
     def reset(self, uniforms: torch.Tensor) -> None:
-        self.uniforms[:self.N, :uniforms.shape[1]] = uniforms.to(self.device)
+        self.uniforms[:len(uniforms), :uniforms.shape[1]] = uniforms.to(self.device)
         self.tokens.fill_(self.pad)
         self.logprobs.zero_()
         self.lengths.zero_()
@@ -304,8 +344,7 @@ class StaticDecode:
         of = torch.tensor([index[r // group_size] for r in rows], device=self.device)
         into = torch.arange(lo, hi, device=self.device)
         picked_ids, picked_mask = picked_ids.to(self.device), picked_mask.to(self.device)
-        with self._autocast():
-            logits = self.decoder.prefill(self.slots, into, picked_ids, picked_mask, of)
+        logits = self.decoder.prefill(self.slots, into, picked_ids, picked_mask, of)
         self.row[lo:hi] = torch.tensor(rows, device=self.device)
         self.drawn[lo:hi] = 0
         self.live[lo:hi] = True
@@ -315,22 +354,30 @@ class StaticDecode:
             self.seen[lo:hi] = (seen > 0)[of]
         self._draw_into(logits, lo, hi)
 
-    def state(self) -> list[torch.Tensor]:
-        """Every per-slot tensor, which compaction moves together."""
-        return [*self.slots.buffers(), self.next, self.row, self.drawn, self.live,
-                *(() if self.seen is None else (self.seen,))]
+    def compact(self, keep: torch.Tensor) -> None:
+        """Move the slots `keep` [m] (their cache up to the longest one's keys, and their
+        bookkeeping) to slots [0, m); the slots after hold no row."""
+        m = len(keep)
+        self.slots.compact(keep, int(self.slots.write[keep].max()) + 1 if m else 0)
+        for t in (self.next, self.row, self.drawn, self.live,
+                  *(() if self.seen is None else (self.seen,))):
+            t[:m] = t[keep]
+        self.row[m:] = self.N
+        self.live[m:] = False
 
 
+@torch.no_grad()
 def generate_static(decode: StaticDecode, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                     group_size: int, uniforms: torch.Tensor,
                     stopped: Callable[[list[int]], bool] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """own.generate_with_lengths's contract on `decode`: tokens [N, steps] (pad after a row's
-    end), their log-probs [N, steps] (0 after it), lengths [N] (0: cut at the limit)."""
-    N, T, S = decode.N, decode.T, decode.S
+    end), their log-probs [N, steps] (0 after it), lengths [N] (0: cut at the limit), for the
+    N = B * group_size rows of the B prompts (at most the rows `decode` was made for)."""
+    N, T, S = len(prompt_ids) * group_size, decode.T, decode.S
     decode.reset(uniforms)
     waiting = list(range(N))
-    checked = [0] * N                 # stop strings looked for in tokens [0, checked) of a row
+    seen: dict[int, list[int]] = {}   # a row's tokens the host has read, for stop strings
     running = 0                       # slots [0, running) hold rows
     while True:
         if waiting and running < S:
@@ -347,18 +394,13 @@ def generate_static(decode: StaticDecode, prompt_ids: torch.Tensor, prompt_mask:
         span = decode.span_for(int(decode.slots.write[:running].max()) + ticks + 1)
         for _ in range(ticks):
             decode.tick(n, span)
-        rows = decode.row[:running].cpu()
-        live = decode.live[:running].cpu()
         if stopped is not None:
-            _stop_strings(decode, rows[rows < N], checked, stopped)
-            live = decode.live[:running].cpu()
-        keep = live.nonzero().squeeze(-1)
+            _stop_strings(decode, running, seen, stopped)
+        keep = decode.live[:running].cpu().nonzero().squeeze(-1)
         smaller = bucket_of(max(len(keep), 1), decode.sizes) < n
         if len(keep) < running and (waiting or smaller):   # the running rows move to the front
-            compact(decode.state(), keep.to(decode.device))
+            decode.compact(keep.to(decode.device))
             running = len(keep)
-            decode.row[running:] = N
-            decode.live[running:] = False
     lengths = decode.lengths[:N].cpu()
     steps = T if bool((lengths == 0).any()) else int(lengths.max())
     tokens, logprobs = decode.tokens[:N, :steps].cpu(), decode.logprobs[:N, :steps].cpu()
@@ -366,21 +408,27 @@ def generate_static(decode: StaticDecode, prompt_ids: torch.Tensor, prompt_mask:
     return tokens.masked_fill(after, decode.pad), logprobs.masked_fill(after, 0.0), lengths
 
 
-def _stop_strings(decode: StaticDecode, rows: torch.Tensor, checked: list[int],
+def _stop_strings(decode: StaticDecode, running: int, seen: dict[int, list[int]],
                   stopped: Callable[[list[int]], bool]) -> None:
-    """End each of `rows` at the first new token that completes a stop string (before the
-    token that ended it otherwise): its length set there, its slot no longer running."""
-    if not len(rows):
+    """End each row in slots [0, running) at the first new token that completes a stop string
+    (before the token that ended it otherwise): its length set there, its slot no longer
+    running. Only the tokens drawn since the last look are read from the device."""
+    rows = decode.row[:running].cpu()
+    slots = (rows < decode.N).nonzero().squeeze(-1)
+    if not len(slots):
         return
+    rows = rows[slots]
     lengths = decode.lengths[rows.to(decode.device)].cpu().tolist()
-    drawn = {int(r): int(t) for r, t in zip(decode.row.cpu(), decode.drawn.cpu()) if r < decode.N}
-    tokens = decode.tokens[rows.to(decode.device)].cpu().tolist()
-    for r, length, ids in zip(rows.tolist(), lengths, tokens):
-        end = length - 1 if length else drawn[r]     # EOS at length - 1 is not looked at
-        for t in range(checked[r], end):
+    drawn = decode.drawn[:running][slots.to(decode.device)].cpu().tolist()
+    start = min(len(seen.get(r, ())) for r in rows.tolist())
+    new = decode.tokens[rows.to(decode.device), start:max(drawn)].cpu().tolist()
+    for slot, r, length, upto, fresh in zip(slots.tolist(), rows.tolist(), lengths, drawn, new):
+        ids = seen.setdefault(r, [])
+        checked = len(ids)
+        ids.extend(fresh[checked - start:upto - start])
+        end = length - 1 if length else upto         # EOS at length - 1 is not looked at
+        for t in range(checked, end):
             if stopped(ids[:t + 1]):
                 decode.lengths[r] = t + 1
-                slot = (decode.row == r).nonzero().squeeze(-1)
                 decode.live[slot] = False
                 break
-        checked[r] = max(checked[r], end)
