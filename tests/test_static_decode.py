@@ -300,3 +300,15 @@ def test_rotary_embeddings_that_follow_the_batch_are_refused_a_static_decode(tmp
                                           r"different lengths in one step; dynamic rotary"):
         own_sampler(model, tokenizer, max_new_tokens=4, decode="static")
     assert type(own_sampler(model, tokenizer, max_new_tokens=4, decode="auto")) is HFSampler
+
+
+def test_slots_that_fit_the_free_memory_by_hand(tiny):
+    """A slot of the tiny model holds 2 (keys, values) x 2 layers x 4 heads x 16 dims x 4 bytes
+    = 1,024 bytes a position; 104 positions make 106,496 bytes. 0.3 of 1 MB holds 2 slots; of
+    1 GB, more than the 16 rows asked for; on a CPU every row gets one."""
+    from grpo.sampling.static import slots_that_fit
+    model, _ = tiny
+    assert slots_that_fit(model, 16, 104, free_bytes=10 ** 6) == 2        # 300,000 // 106,496
+    assert slots_that_fit(model, 16, 104, free_bytes=10 ** 9) == 16
+    assert slots_that_fit(model, 16, 104, free_bytes=10) == 1
+    assert slots_that_fit(model, 16, 104) == 16

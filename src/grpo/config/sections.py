@@ -204,9 +204,10 @@ class SamplingConfig:
     `graphs` on CUDA for the models grpo's lean decoder runs (Llama, Qwen2, Mistral) without
     images or batch-dependent rotary embeddings, `eager` otherwise."""
     decode_slots: int = 0
-    """decode=static|graphs|compiled: rows decoded at once (0: all of the call's). With fewer,
-    rows wait in order and take the slots ended rows free (continuous batching); a row's draws
-    do not depend on its slot."""
+    """decode=static|graphs|compiled: rows decoded at once. 0: all of the call's, or on CUDA as
+    many as fit in 0.3 of the free GPU memory when fewer do. With fewer slots than rows, rows
+    wait in order and take the slots ended rows free (continuous batching); a row's draws do
+    not depend on its slot."""
     vllm_gpu_memory_utilization: float = 0.3
     """sampler=vllm: the fraction of GPU memory the engine takes for its weights and KV cache."""
     vllm_sleep: bool = True

@@ -167,7 +167,8 @@ class StaticSampler(HFSampler):
             self._kept = kept = None                             # its memory first
             tok = self.tokenizer
             kept = StaticDecode(
-                model, rows=rows, slots=self.slots or rows, capacity=capacity, max_new_tokens=T,
+                model, rows=rows, slots=self.slots or slots_that_fit(model, rows, capacity),
+                capacity=capacity, max_new_tokens=T,
                 vocab=decoder.unwrap(model).get_output_embeddings().weight.shape[0],
                 eos=eos_ids(tok.eos_token_id), pad=tok.pad_token_id, temperature=temperature,
                 warper=cut_warper(self.top_p, self.top_k, self.min_p, greedy), greedy=greedy,
@@ -177,6 +178,24 @@ class StaticSampler(HFSampler):
                               stop_check(self.tokenizer, self.stop) if self.stop else None)
         self.mode = kept.mode                       # a fallback to static holds for later calls
         return out
+
+
+CACHE_SHARE = 0.3     # decode_slots=0 on CUDA: the cache takes at most this share of free memory
+
+
+def slots_that_fit(model, rows: int, capacity: int, free_bytes: int | None = None) -> int:
+    """decode_slots=0: every row at once where their cache fits in CACHE_SHARE of the device's
+    free memory (on a CPU, always); otherwise as many slots as fit there, the other rows
+    waiting for freed ones (continuous batching). A slot holds `capacity` keys and values in
+    every layer."""
+    if free_bytes is None:
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            return rows
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    d = SlotDecoder(model)
+    per_slot = 2 * len(d.layers) * d.kv_heads * d.head_dim * capacity * d.embed.weight.element_size()
+    return max(1, min(rows, int(free_bytes * CACHE_SHARE) // per_slot))
 
 
 def weights_key(model) -> tuple:
