@@ -4,7 +4,7 @@ once per completion, and TRL's GRPOTrainer, on the same tiny vision-language mod
     python benchmarks/vision_step.py --trl-python /path/to/trl-venv/bin/python [--steps 6] [--repeats 2]
     python benchmarks/vision_step.py --trl-python ... --image-size 448 --out benchmarks/results/vision_step_448
 
-The model is a LLaVA-architecture VLM with random weights (grpo.models.tiny_vision), sized so the image
+The model is a LLaVA-architecture VLM with random weights (grpo.models.tiny), sized so the image
 encoder matters: 224x224 images in 16-pixel patches (196 image tokens each; `--image-size 448`
 gives 784), a CLIP tower of
 hidden 256 and 6 layers (frozen, as grpo's default, and frozen in TRL's run too), a Llama language
@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 
 def make_inputs(work: Path, rows: int = 64, size: int = 224) -> tuple[Path, Path]:
     from grpo.data.tasks.shapes import ShapesTask
-    from grpo.models.tiny_vision import build_tiny_vlm
+    from grpo.models.tiny import build_tiny_vlm
 
     model = build_tiny_vlm(work / "model", hidden_size=256, layers=4, vision_hidden=256,
                            vision_layers=6, image_size=size, patch_size=16)

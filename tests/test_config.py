@@ -308,6 +308,7 @@ def test_the_kl_cov_preset_sets_the_second_update_its_term_needs():
 BREAKS_ONE_RULE = {
     "table_choices": {"loss_type": "dapo"},
     "mixed_precision_choice": {"mixed_precision": "fp16"},
+    "packing_choice": {"packing": "yes"},
     "bf16_needs_float32": {"mixed_precision": "bf16", "dtype": "bfloat16"},
     "tool_format_choice": {"tool_format": "xml"},
     "eval_k_within_samples": {"eval_k": [4], "eval_samples": 2},

@@ -191,7 +191,7 @@ def test_a_vision_language_model_in_two_processes_with_ddp_and_fsdp_equals_one(t
     projector its own unit, the frozen tower gathered with the root before the features)."""
     import random
     from grpo.data.tasks.shapes import draw
-    from grpo.models.tiny_vision import build_tiny_vlm
+    from grpo.models.tiny import build_tiny_vlm
     model_dir = build_tiny_vlm(tmp_path / "vlm", hidden_size=64, layers=2, vision_hidden=32, vision_layers=1)
     (tmp_path / "pics").mkdir()
     lines = []

@@ -283,7 +283,7 @@ class PictureGame:
 
 
 def _tiny_vlm():
-    from grpo.models.tiny_vision import build_tiny_vlm
+    from grpo.models.tiny import build_tiny_vlm
     model, processor = build_tiny_vlm(hidden_size=32, layers=2, vision_hidden=32, vision_layers=1)
     tok = processor.tokenizer
     tok.grpo_processor, tok.padding_side = processor, "left"
@@ -414,7 +414,7 @@ def test_an_observation_with_images_is_never_cut_through():
 def test_a_processor_that_needs_a_missing_package_names_it_and_the_guide(tmp_path, monkeypatch):
     import transformers
     from grpo.models import ModelError, load_processor
-    from grpo.models.tiny_vision import build_tiny_vlm
+    from grpo.models.tiny import build_tiny_vlm
     path = build_tiny_vlm(tmp_path / "m", hidden_size=32, layers=1, vision_hidden=32, vision_layers=1)
 
     def missing(*args, **kwargs):

@@ -42,6 +42,38 @@ def length_batches(rollout: Rollout, max_rows: int, max_tokens: int = 0) -> list
     return batches + [batch] if batch else batches
 
 
+def packed_batches(rollout: Rollout, max_rows: int, max_tokens: int = 0) -> list[list[int]]:
+    """Row numbers of each packed micro-batch (models/packed.py): rows in their order, so a
+    group's rows share a pass and their prompt's, cut so that no batch has more than `max_rows`
+    rows or (when `max_tokens` > 0) more than `max_tokens` real tokens, each distinct prompt
+    counted once and every completion's tokens. No padding is counted: there is none."""
+    prompt_len = rollout.prompt_mask.sum(-1).tolist()
+    completion_len = rollout.real_mask.sum(-1).tolist()
+    group = rollout.group_ids.tolist()
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    tokens, groups = 0, set()
+    for i in range(len(rollout)):
+        add = completion_len[i] + (0 if group[i] in groups else prompt_len[i])
+        if batch and (len(batch) >= max_rows or (max_tokens and tokens + add > max_tokens)):
+            batches.append(batch)
+            batch, tokens, groups = [], 0, set()
+            add = completion_len[i] + prompt_len[i]
+        batch.append(i)
+        tokens += add
+        groups.add(group[i])
+    return batches + [batch] if batch else batches
+
+
+def micro_batches(rollout: Rollout, model, max_rows: int, micro_batch_tokens: int) -> list[list[int]]:
+    """The passes a rollout is cut into: packed (`packing`, the model's `grpo_packing`) or
+    length-sorted and padded (`length_batches`), within `token_budget`."""
+    budget = token_budget(micro_batch_tokens, model)
+    if getattr(model, "grpo_packing", False):
+        return packed_batches(rollout, max_rows, budget)
+    return length_batches(rollout, max_rows, budget)
+
+
 ACTIVATION_ELEMENTS = {"cpu": 2 ** 20, "cuda": 2 ** 22}   # per [tokens x hidden] tensor, by device
 
 
@@ -57,10 +89,31 @@ def token_budget(micro_batch_tokens: int, model) -> int:
     """
     if micro_batch_tokens > 0:
         return micro_batch_tokens
+    if getattr(model, "grpo_packing", False) and next(model.parameters()).is_cuda:
+        return packed_budget(model)
     embedding = model.get_input_embeddings()     # the width, also through peft, FSDP2, multimodal
     hidden = embedding.embedding_dim
     device = embedding.weight.device.type
     return max(256, ACTIVATION_ELEMENTS.get(device, ACTIVATION_ELEMENTS["cuda"]) // hidden)
+
+
+PACKED_MEMORY_SHARE = 0.25   # of the free GPU memory, for one packed pass's activations
+
+
+def packed_budget(model, free_bytes: int | None = None) -> int:
+    """Real tokens per packed pass on a GPU, from its free memory: a decoder layer keeps about
+    34 x hidden values a token for its backward (Korthikanti et al. 2022, with attention's
+    scores never stored: Flash Attention), so a pass of n tokens holds n x 34 x hidden x layers
+    of them in the compute dtype; with activation checkpointing, each layer's input (hidden
+    values) and one layer's 34. PACKED_MEMORY_SHARE of the free memory goes to them."""
+    config = getattr(model, "config", None) or model.get_base_model().config
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    compute = getattr(model, "grpo_autocast", None) or next(model.parameters()).dtype
+    width = torch.empty(0, dtype=compute).element_size()
+    kept = hidden * layers + 34 * hidden if getattr(model, "grpo_checkpointing", False) else 34 * hidden * layers
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(next(model.parameters()).device)[0]
+    return max(256, int(free_bytes * PACKED_MEMORY_SHARE) // (kept * width))
 
 
 def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -74,7 +127,7 @@ def logprobs_of(model, rollout: Rollout, micro_batch_size: int, max_tokens: int 
     T = rollout.completion_ids.shape[1]
     out = torch.zeros(len(rollout), T)
     device = next(model.parameters()).device
-    for rows in length_batches(rollout, micro_batch_size, token_budget(max_tokens, model)):
+    for rows in micro_batches(rollout, model, micro_batch_size, max_tokens):
         part = rollout.rows(rows).trimmed().to(device)
         logp, _ = token_logprobs(model, part.input_ids, part.attention_mask,
                                  part.completion_ids.shape[1], temperature=part.temperature, top_p=part.top_p,
@@ -139,8 +192,9 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
     [N, T] are clip_cov's or kl_cov's tokens of the batch (`step.covariance_selection`); `weights`
     the `aggregation_weights` over the whole step's mask (step.update_policy; else made here from
     `aggregation` and this rollout's mask), so micro-batching changes nothing.
-    Micro-batches are length-sorted and trimmed (`length_batches`), at most `micro_batch_size`
-    rows and at most `token_budget(micro_batch_tokens, policy)` padded tokens each.
+    Micro-batches are length-sorted and trimmed (`length_batches`), or packed (`packed_batches`),
+    at most `micro_batch_size` rows and at most `token_budget(micro_batch_tokens, policy)` tokens
+    each (`micro_batches`).
 
     Skipped, because they cannot change the gradient: rows whose advantage is 0 on every token
     when there is no KL term (beta = 0) and no token of theirs is `selected`. The diagnostics then
@@ -169,7 +223,7 @@ def accumulate_gradients(policy, rollout: Rollout, *, micro_batch_size: int,
         weights, is_weights = weights[live], None if is_weights is None else is_weights[live]
         selected = None if selected is None else selected[live]
     device = next(policy.parameters()).device
-    batches = length_batches(needed, micro_batch_size, token_budget(micro_batch_tokens, policy))
+    batches = micro_batches(needed, policy, micro_batch_size, micro_batch_tokens)
     if passes is not None:
         _zero_passes(policy, needed.rows(batches[-1][:1]).trimmed().to(device),
                      passes(len(batches)) - len(batches))

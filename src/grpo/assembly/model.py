@@ -19,7 +19,7 @@ from grpo.assembly.rewards import _first_line
 from grpo.config import ConfigError, TrainConfig
 from grpo.data.tasks import get_task
 from grpo.models import ModelError, build_tiny, load_policy, load_tokenizer, model_source
-from grpo.models.tiny_vision import build_tiny_vlm
+from grpo.models.tiny import build_tiny_vlm
 from grpo.run import distributed
 from grpo.run.progress import to_stderr
 
@@ -125,6 +125,7 @@ def load_model_and_tokenizer(config: TrainConfig, run_dir: Path | None,
         set_checkpointing(policy, True)
     if config.optim.mixed_precision == "bf16":
         policy.grpo_autocast = torch.bfloat16     # models.token_logprobs computes under autocast
+    set_packing(policy, config)
     if config.model.lora_r > 0:
         policy = add_lora(policy, config)
     return policy, tokenizer
@@ -147,9 +148,17 @@ def given_model(config: TrainConfig, model, tokenizer, log: Callable[[str], None
         set_checkpointing(policy, True)
     if config.optim.mixed_precision == "bf16":
         policy.grpo_autocast = torch.bfloat16
+    set_packing(policy, config)
     if config.model.lora_r > 0:
         policy = add_lora(policy, config)
     return policy, tokenizer
+
+
+def set_packing(model, config: TrainConfig) -> None:
+    """`packing`: models.token_logprobs packs a micro-batch's rows (models/packed.py) where the
+    model reads `grpo_packing`; `auto` packs on CUDA."""
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    model.grpo_packing = config.optim.packing == "on" or (config.optim.packing == "auto" and on_cuda)
 
 
 ROUNDED_AWAY_REFUSED = 0.5   # fewer weights than this share moved by an lr-sized step: refused

@@ -360,6 +360,7 @@ def _async_dynamic_sampling_one_worker(c: dict) -> str | None:
 RULES: tuple[Rule, ...] = (
     Rule("table_choices", unknown_choice),
     Rule("mixed_precision_choice", _one_of("mixed_precision", "no", "bf16")),
+    Rule("packing_choice", _one_of("packing", "auto", "on", "off")),
     Rule("bf16_needs_float32", _bf16_needs_float32),
     Rule("tool_format_choice", _one_of("tool_format", "plain", "hermes")),
     Rule("eval_k_within_samples", _eval_k_within_samples),

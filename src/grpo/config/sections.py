@@ -376,6 +376,13 @@ class OptimConfig:
     """Activation checkpointing per decoder layer in the gradient passes: each layer keeps only its
     input and is recomputed in the backward (about a third more compute, activation memory of one
     layer instead of all). The gradient is the same (tested). For long completions."""
+    packing: str = "auto"
+    """`on`: the trainer's passes through the lean decoder (Llama, Qwen2, Mistral; not images)
+    pack a micro-batch's rows into one token stream with no padding: each distinct prompt once,
+    each completion's tokens after it, attention per row by variable-length attention (Flash
+    Attention on CUDA in bf16/fp16, one row at a time elsewhere). The same log-probs and
+    gradients (float64: to 1e-10). `off`: rows padded to the micro-batch's width. `auto`: `on`
+    on CUDA, `off` on a CPU, where padding costs less than a call per row."""
     micro_batch_tokens: int = 0
     """Most padded tokens (rows x longest prompt+completion) per forward/backward pass; 0 = about
     2^20 / hidden_size on a CPU (8,192 at hidden 128, 2,048 at 512), 2^22 / hidden_size on a GPU.

@@ -3,7 +3,8 @@
 Any Hugging Face causal LM directory or hub name loads through `load_policy` (models/load.py).
 `build_tiny` makes a small Llama-architecture model with a character-level tokenizer, written as an
 ordinary Hugging Face model directory, so tests and the demo run with no download (models/tiny.py).
-`token_logprobs` is in models/logprobs.py, the samplers' cuts and repetition penalty in models/cuts.py.
+`token_logprobs` is in models/logprobs.py (padding-free passes: models/packed.py), the samplers'
+cuts and repetition penalty in models/cuts.py, the static decoding cache in models/slots.py.
 This face only re-exports the names other packages use.
 """
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo import vision
-from grpo.models import decoder
+from grpo.models import decoder, packed
 from grpo.models.cuts import Cut, Penalty
 
 
@@ -228,19 +228,25 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         hidden = vision.shared_prompt_hidden(model, backbone, input_ids, attention_mask, visuals, T)
         if hidden is None:
             hidden = backbone(**inputs(), use_cache=False).last_hidden_state[:, -T - 1:-1]
+    elif decoder.supports(model) and getattr(model, "grpo_packing", False) and packed.packable(
+            attention_mask, T):
+        hidden = None               # padding-free: the selected positions' states only
+        selected = packed.selected_hidden(decoder.Decoder(model), input_ids, attention_mask, T, mask)
     elif decoder.supports(model):
         hidden = _lean_hidden(decoder.Decoder(model), input_ids, attention_mask, position_ids, T)
     else:
         backbone = getattr(model, model.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False).last_hidden_state[:, -T - 1:-1]
+    if hidden is not None:
+        selected = hidden[mask]
     if head_in_fp32:      # the output head in float32, whatever the compute dtype
         with torch.autocast(input_ids.device.type, enabled=False):
-            logp_sel, entropy_sel = selected_logprobs(hidden[mask].float(), model.get_output_embeddings(),
+            logp_sel, entropy_sel = selected_logprobs(selected.float(), model.get_output_embeddings(),
                                                       targets[mask], temperature, top_p, banned,
                                                       top_k, min_p, penalty)
     else:
-        logp_sel, entropy_sel = selected_logprobs(hidden[mask], model.get_output_embeddings(),
+        logp_sel, entropy_sel = selected_logprobs(selected, model.get_output_embeddings(),
                                                   targets[mask], temperature, top_p, banned,
                                                   top_k, min_p, penalty)    # [M]
     logp = logp_sel.new_zeros(mask.shape).masked_scatter(mask, logp_sel)

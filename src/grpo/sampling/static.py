@@ -23,6 +23,9 @@ float32. What changes is the schedule:
   CUDA (on a CPU it compiles the kernels). Either falls back to `static` (the same step, eager)
   with one line if capture or compilation fails.
 
+Longer than about 400 lines: the sampler, the decoder it keeps and the loop are one schedule
+(slots, looks, captures, stop strings) read together; the package holds its eight modules.
+
 A slot that has ended writes its key past its row's end (slots.SlotDecoder.step) and its token
 into a dump row (index N) of the outputs, so a step never needs to know, on the host, which rows
 run.
