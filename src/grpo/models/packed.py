@@ -48,7 +48,7 @@ def selected_hidden(lean: Decoder, input_ids: torch.Tensor, attention_mask: torc
     B = len(prompts)
     p = prompt_mask.sum(-1)                                           # [B] real prompt tokens
     c = (attention_mask[:, P:].sum(-1) - 1).clamp(min=0)              # [N] completion tokens fed
-    Lp, Lc = int(p.sum()), int(c.sum())
+    Lp = int(p.sum())                                                 # prompt tokens in the stream
     cu_p = F.pad(p.cumsum(0), (1, 0))                                 # [B + 1]
     cu_c = F.pad(c.cumsum(0), (1, 0))                                 # [N + 1]
     # the stream: prompts' real tokens, then completions' fed tokens
