@@ -32,6 +32,7 @@ run() {   # name, seconds, command...
     [ $rc -eq 0 ] || { failed=$((failed + 1)); tail -5 "$LOGS/$name.log"; }
 }
 run gpu_sampler 400 "$PY" benchmarks/gpu_sampler.py $SMOKE "${WHERE[@]}"
+run gpu_update 400 "$PY" benchmarks/gpu_update.py $SMOKE "${WHERE[@]}"
 run gpu_check 360 "$PY" benchmarks/gpu_check.py $SMOKE "${WHERE[@]}"
 run async_gpu_check 360 "$PY" benchmarks/async_gpu_check.py $SMOKE "${WHERE[@]}"
 exit $failed

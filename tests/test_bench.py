@@ -71,6 +71,36 @@ def test_the_sampler_benchmark_runs_its_smoke_mode_on_a_cpu(tmp_path):
     assert bound_tokens_per_s(Model(), 4, 24, 1e9) == pytest.approx(4 * 24 / seconds)
 
 
+def test_the_update_benchmark_runs_its_smoke_mode_on_a_cpu(tmp_path):
+    """benchmarks/gpu_update.py in its --smoke mode: packed, padded and Hugging Face's forward
+    timed, their FLOP/s a fraction of the measured matmul rate, the AdamW step and the longest
+    completion tried; the FLOP count by hand."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parents[1] / "benchmarks"
+    done = subprocess.run([sys.executable, str(here / "gpu_update.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
+    smoke = report["models"]["smoke"]
+    assert report["matmul_flops_per_s"] > 0 and smoke["tokens"] < smoke["padded_tokens"]
+    for variant in ("packed", "padded", "hf_sdpa"):
+        got = smoke["variants"][variant]
+        assert got["tokens_per_s"] == pytest.approx(smoke["tokens"] / got["seconds"], rel=1e-3)
+        assert got["fraction_of_matmul_rate"] == pytest.approx(
+            smoke["model_flops_per_update"] / got["seconds"] / report["matmul_flops_per_s"], rel=1e-2)
+    assert smoke["packed_speedup_over_padded"] > 0 and smoke["adamw_fused"] is True
+    assert smoke["longest_completion"]["longest_tokens"] >= 64
+    # the FLOP count by hand: 2 layers, hidden 4, vocab 10, 100 non-embedding parameters,
+    # rows of 3 and 5 tokens, 4 completion tokens: 6*100*8 + 6*4*10*4 + 6*2*4*(9 + 25)/2
+    sys.path.insert(0, str(here))
+    from gpu_update import flops
+    config = type("C", (), dict(num_hidden_layers=2, hidden_size=4, vocab_size=10))
+    assert flops(config, 100, [3, 5], 4) == 4800 + 960 + 816
+
+
 def test_the_gpu_check_runs_its_smoke_mode_on_a_cpu(tmp_path):
     """benchmarks/gpu_check.py is run on GPUs only when one is lent; its --smoke mode (tiny
     shapes) checks here that every figure it reports is measured and written."""
