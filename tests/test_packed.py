@@ -268,3 +268,21 @@ def test_a_demo_run_packed_has_the_padded_runs_numbers_up_to_float32_sums(tmp_pa
     for a, b in zip(on, off):
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+def test_an_episode_rollout_packed_as_padded(tiny64, rollout64):
+    """A multi-turn rollout: every real token after the prompt attended (`context_mask`), the
+    environment's tokens left out of the loss (`loss_mask`), through the whole update."""
+    import dataclasses
+    policy, _ = tiny64
+    mask = rollout64.completion_mask
+    env = torch.zeros_like(mask)
+    env[0, 1:3] = 1                       # an answer inside row 0's completion
+    env[3, 1] = 1
+    episode = dataclasses.replace(rollout64, context_mask=mask.clone(), loss_mask=mask * (1 - env))
+    kw = dict(LOSS_KW, aggregation="token_mean", max_tokens=T, loss_type="clip")
+    (ga, a), (gb, b) = both(policy, lambda: grads_and_stats(policy, episode, 6, **kw))
+    plain = grads_and_stats(policy, rollout64, 6, **kw)[1]
+    assert a["loss"] != pytest.approx(plain["loss"], rel=1e-6)      # the holes do act
+    assert abs(a["loss"] - b["loss"]) <= TOL
+    assert_grads_equal(ga, gb)
