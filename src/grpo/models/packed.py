@@ -102,6 +102,9 @@ def varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *, gqa: bool) -> torch.T
     """Attention [Lq, heads, d] of query documents over key documents (cumulative lengths cu_q,
     cu_k), causal aligned at the lower right: query j of a document of lq queries and lk keys
     sees keys 0 .. j + lk - lq."""
+    if q.is_cuda and torch.is_autocast_enabled("cuda"):    # rotary made q, k float32 under
+        dtype = torch.get_autocast_dtype("cuda")            # autocast; Flash takes bf16/fp16
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         from torch.nn.attention.varlen import varlen_attn
         return varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, window_size=(-1, 0),
