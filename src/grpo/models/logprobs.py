@@ -228,7 +228,7 @@ def _token_logprobs(model, input_ids, attention_mask, T: int, with_entropy: bool
         hidden = vision.shared_prompt_hidden(model, backbone, input_ids, attention_mask, visuals, T)
         if hidden is None:
             hidden = backbone(**inputs(), use_cache=False).last_hidden_state[:, -T - 1:-1]
-    elif decoder.supports(model) and getattr(model, "grpo_packing", False) and packed.packable(
+    elif getattr(model, "grpo_packing", False) and decoder.supports(model) and packed.packable(
             attention_mask, T):
         hidden = None               # padding-free: the selected positions' states only
         selected = packed.selected_hidden(decoder.Decoder(model), input_ids, attention_mask, T, mask)
