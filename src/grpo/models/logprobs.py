@@ -155,12 +155,11 @@ def _lean_hidden(lean, input_ids, attention_mask, position_ids, T: int) -> torch
     """Hidden states [N, T, H] that predict the last T tokens, by the lean decoder; completions
     of one prompt (a group) share the prompt's forward pass when they are right-padded."""
     P = input_ids.shape[1] - T
-    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
-                                      dim=0, return_inverse=True)
+    prompt_ids, prompt_mask, prompt_of = packed.distinct_prompts(input_ids, attention_mask, P)
     completion_attention = attention_mask[:, P:]
     right_padded = bool((completion_attention[:, 1:] <= completion_attention[:, :-1]).all())
-    if len(prompts) < len(input_ids) and right_padded:
-        return lean.completion_hidden(prompts[:, :P], prompts[:, P:], prompt_of, input_ids[:, P:])
+    if len(prompt_ids) < len(input_ids) and right_padded:
+        return lean.completion_hidden(prompt_ids, prompt_mask, prompt_of, input_ids[:, P:])
     return lean.hidden(input_ids, attention_mask, position_ids)[:, -T - 1:-1]
 
 

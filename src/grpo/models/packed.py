@@ -35,6 +35,14 @@ def packable(attention_mask: torch.Tensor, T: int) -> bool:
     return left and right
 
 
+def distinct_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, P: int):
+    """The distinct prompts among rows [N, P+T] (ids and mask of their first P columns) [B, P]
+    each, and which one each row continues [N]: a group of G shares one."""
+    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
+                                      dim=0, return_inverse=True)
+    return prompts[:, :P], prompts[:, P:], prompt_of
+
+
 def selected_hidden(lean: Decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int,
                     select: torch.Tensor) -> torch.Tensor:
     """Final-norm hidden states [M, H] that predict the `select`ed completion tokens [N, T]
@@ -42,10 +50,9 @@ def selected_hidden(lean: Decoder, input_ids: torch.Tensor, attention_mask: torc
     N, width = input_ids.shape
     P = width - T
     device = input_ids.device
-    prompts, prompt_of = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1),
-                                      dim=0, return_inverse=True)
-    prompt_ids, prompt_mask = prompts[:, :P], prompts[:, P:].bool()
-    B = len(prompts)
+    prompt_ids, prompt_mask, prompt_of = distinct_prompts(input_ids, attention_mask, P)
+    prompt_mask = prompt_mask.bool()
+    B = len(prompt_ids)
     p = prompt_mask.sum(-1)                                           # [B] real prompt tokens
     c = (attention_mask[:, P:].sum(-1) - 1).clamp(min=0)              # [N] completion tokens fed
     Lp = int(p.sum())                                                 # prompt tokens in the stream

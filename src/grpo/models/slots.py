@@ -64,9 +64,9 @@ class Slots:
 class SlotDecoder(Decoder):
     """`Decoder` (the same weights and blocks) decoding into `Slots`."""
 
-    def allocate(self, slots: int, capacity: int, *, dtype=None, device=None) -> Slots:
-        weight = self.embed.weight
-        dtype, device = dtype or weight.dtype, device or weight.device
+    def allocate(self, slots: int, capacity: int) -> Slots:
+        """An empty cache of `slots` x `capacity`, in the weights' dtype, on their device."""
+        dtype, device = self.embed.weight.dtype, self.embed.weight.device
         size = (slots, self.kv_heads, capacity, self.head_dim)
         return Slots([torch.zeros(size, dtype=dtype, device=device) for _ in self.layers],
                      [torch.zeros(size, dtype=dtype, device=device) for _ in self.layers],

@@ -72,10 +72,11 @@ def static_mode(model, decode: str) -> str:
     take is refused in one line."""
     device = next(model.parameters()).device
     plain = decoder.supports(model) and not vision.is_vision_model(model)
-    if plain and rope_of(model) in BATCH_ROPE:
+    rope = rope_of(model) if plain else "default"
+    if rope in BATCH_ROPE:
         if decode not in ("auto", "eager"):
             raise ConfigError(f"config key 'decode': decode={decode} runs rows of different "
-                              f"lengths in one step; {rope_of(model)} rotary embeddings depend on "
+                              f"lengths in one step; {rope} rotary embeddings depend on "
                               "the batch's longest position. Use decode=eager")
         plain = False
     if decode == "auto":
@@ -227,7 +228,7 @@ class StaticDecode:
         self.N, self.S, self.T, self.V = rows, slots, max_new_tokens, vocab
         self.eos, self.pad = eos.to(device), pad
         self.temperature, self.warper, self.greedy, self.penalty = temperature, warper, greedy, penalty
-        self.slots: Slots = self.decoder.allocate(slots, capacity, device=device)
+        self.slots: Slots = self.decoder.allocate(slots, capacity)
         N, T, S = rows, max_new_tokens, slots
         self.uniforms = torch.zeros(N + 1, T + 1, device=device)
         self.tokens = torch.full((N + 1, T + 1), pad, dtype=torch.long, device=device)
