@@ -196,7 +196,7 @@ def measure(name: str, shape: dict, args, device: str, rate: float, started: flo
             entry["variants"][variant] = {"failed": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"{name} {variant}: {entry['variants'][variant]}", flush=True)
             continue
-        got = {"seconds": round(seconds, 4), "tokens_per_s": round(entry["tokens"] / seconds, 1),
+        got = {"seconds": round(seconds, 6), "tokens_per_s": round(entry["tokens"] / seconds, 1),
                "model_flops_per_s": round(model_flops / seconds, 1),
                "fraction_of_matmul_rate": round(model_flops / seconds / rate, 4),
                "peak_gpu_gib": round(peak, 2)}
