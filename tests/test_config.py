@@ -56,6 +56,20 @@ def test_yaml_file_and_override_order(tmp_path):
     assert c.sampling.group_size == 2 and c.optim.lr == 3e-4
 
 
+def test_words_that_yaml_1_1_reads_as_booleans_reach_word_keys_as_words(tmp_path):
+    """`packing=off`, `packing: on`, `mixed_precision=no`: PyYAML alone reads these as booleans;
+    a key of words takes them as the words, and a key of true/false still takes yes/no/on/off."""
+    f = tmp_path / "run.yaml"
+    f.write_text("packing: on\nmixed_precision: no\ngradient_checkpointing: yes\n")
+    c = load_config(str(f))
+    assert (c.optim.packing, c.optim.mixed_precision, c.optim.gradient_checkpointing) == ("on", "no", True)
+    c = load_config(None, ["packing=off", "mixed_precision=no", "gradient_checkpointing=Off"])
+    assert (c.optim.packing, c.optim.mixed_precision, c.optim.gradient_checkpointing) == ("off", "no", False)
+    assert load_config(None, ["gradient_checkpointing=TRUE"]).optim.gradient_checkpointing is True
+    with pytest.raises(ConfigError, match="'gradient_checkpointing' expects true or false, got 'maybe'"):
+        load_config(None, ["gradient_checkpointing=maybe"])
+
+
 def test_yaml_error_names_file_and_line(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("group_size: 6\nlr: [1\n")

@@ -141,6 +141,8 @@ def _coerce(key: str, value, hint):
     if hint is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in YES_NO:     # YAML 1.1's other booleans
+            return YES_NO[value.lower()]
         raise bad("true or false")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -179,7 +181,7 @@ def parse_overrides(args: list[str]) -> dict:
         if not sep or not key:
             raise ConfigError(f"expected key=value, got '{arg}'")
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+            out[key.strip()] = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out
@@ -190,7 +192,22 @@ class _Twice(Exception):
         self.key, self.first, self.again = key, first, again
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader with YAML 1.2's booleans: true and false alone. YAML 1.1's (PyYAML's)
+    also read yes, no, on and off as booleans, so `packing=off` or `mixed_precision: no` would
+    reach a key that takes words as False; a key that takes true or false still takes them
+    (`_coerce`)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                              re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+YES_NO = {"yes": True, "y": True, "on": True, "no": False, "n": False, "off": False}
+
+
+class _StrictLoader(_Loader):
     """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
 
     def construct_mapping(self, node, deep=False):
