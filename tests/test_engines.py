@@ -182,3 +182,32 @@ def test_a_process_that_does_not_send_the_shared_servers_keeps_no_versions():
     copies = clone_parameters(model)                  # on a CPU: plain copies where they are
     assert [c.data_ptr() for c in copies] != [p.data_ptr() for p in model.parameters()]
     assert all(torch.equal(c, p) for c, p in zip(copies, model.parameters()))
+
+
+def test_weights_for_a_server_are_one_whole_file_cast_where_they_are_with_tied_weights_copied(tmp_path):
+    """write_weights: every tensor in the file, cast to the server's dtype (bfloat16 values equal
+    to the float32 ones rounded), a tied pair under both names, no partial file left; with no
+    room, one EngineError naming the directory given and the MiB needed."""
+    import torch
+    from safetensors.torch import load_file
+    from grpo.sampling.vllm_server import write_weights
+    torch.manual_seed(0)
+    embed = torch.randn(10, 4)
+    weights = [("embed.weight", embed), ("head.weight", embed), ("norm.weight", torch.randn(4)),
+               ("steps", torch.tensor([3]))]
+    path = write_weights(weights, str(tmp_path), torch.bfloat16, "version 0's weights")
+    got = load_file(path)
+    assert sorted(got) == ["embed.weight", "head.weight", "norm.weight", "steps"]
+    assert got["head.weight"].dtype == torch.bfloat16 and got["steps"].dtype == torch.int64
+    assert torch.equal(got["head.weight"], embed.to(torch.bfloat16))
+    assert torch.equal(got["embed.weight"], got["head.weight"]) and got["steps"].item() == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+    # float32 and no cast: the tied pair shares storage, so the second name gets a copy
+    same = load_file(write_weights(weights, str(tmp_path), None, "version 1's weights"))
+    assert torch.equal(same["head.weight"], embed) and torch.equal(same["embed.weight"], embed)
+    import shutil
+    from unittest import mock
+    with mock.patch.object(shutil, "disk_usage", return_value=shutil._ntuple_diskusage(1, 1, 2**20)):
+        with pytest.raises(EngineError, match=r"^vllm_weights_dir: version 2's weights need 1 MiB "
+                                              r"in /where/given, which has 1 MiB free"):
+            write_weights(weights, str(tmp_path), None, "version 2's weights", "/where/given")

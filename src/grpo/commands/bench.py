@@ -12,8 +12,10 @@
                        token for each of the mu forward+backward passes, over the tokens computed:
                        each completion's, and each prompt's once (a group of G shares its prompt's
                        pass; `flops_per_step`)
-    matmul_peak_flops  this machine's float32 matrix-multiply rate, measured now (`matmul_peak`)
+    matmul_peak_flops  this machine's matrix-multiply rate, measured now (`matmul_peak`): float32
+                       on a CPU; on a CUDA GPU (where the run trains) bfloat16, its tensor cores' rate
     peak_fraction      model_flops_per_s / matmul_peak_flops
+    peak_gpu_memory_mb on a CUDA GPU: the most memory torch held there during the run
 """
 
 from __future__ import annotations
@@ -40,14 +42,20 @@ def flops_per_step(params: int, tokens: float, num_iterations: int, beta: float)
     return 2 * params * tokens * forwards + 6 * params * tokens * num_iterations
 
 
-def matmul_peak(size: int = 2048, repeats: int = 7) -> float:
-    """Median FLOP/s of a float32 [size x size] @ [size x size] product with torch's threads."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_peak(size: int = 2048, repeats: int = 7, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> float:
+    """Median FLOP/s of a [size x size] @ [size x size] product of `dtype` on `device` (on a CPU,
+    with torch's threads), on random data."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     a @ b  # warm-up
     rates = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         a @ b
+        sync()
         rates.append(2 * size ** 3 / (time.perf_counter() - start))
     return statistics.median(rates)
 
@@ -99,18 +107,26 @@ def bench(config: TrainConfig, log=to_stderr) -> dict:
                           "more (the first pays warm-up: the median is over the others)")
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
-    peak = matmul_peak()
+    cuda = torch.cuda.is_available()       # the run trains there (assembly.model)
+    peak = matmul_peak(8192, device="cuda", dtype=torch.bfloat16) if cuda else matmul_peak()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     config = dc_replace(config, run=dc_replace(config.run, sft_steps=0, eval_every=0))
     result = train(config, log=log, write_files=False)
     params = sum(p.numel() for p in result.policy.parameters())
     out = summarize(result.history, params, config.optim.num_iterations, config.loss.beta,
                     config.sampling.group_size)
+    if cuda:
+        out["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
     out["matmul_peak_flops"] = float(f"{peak:.4g}")
+    out["matmul_dtype"] = "bfloat16" if cuda else "float32"
     out["peak_fraction"] = round(out["model_flops_per_s"] / peak, 3)
     out["threads"] = torch.get_num_threads()
     out["config"] = {k: v for k, v in config.flat().items()
-                     if k in ("model", "task", "prompts_per_step", "group_size", "max_new_tokens",
-                              "beta", "num_iterations", "micro_batch_size")}
+                     if k in ("model", "task", "dataset", "prompts_per_step", "group_size",
+                              "max_new_tokens", "beta", "num_iterations", "micro_batch_size", "lr",
+                              "dtype", "mixed_precision", "gradient_checkpointing", "decode",
+                              "packing", "loss_type", "temperature")}
     out["config"]["micro_batch_tokens"] = token_budget(config.optim.micro_batch_tokens, result.policy)
     return out
 

@@ -136,6 +136,52 @@ def _running(pid: int) -> bool:
     return True
 
 
+def host_tensors(weights, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """(name, tensor) pairs as contiguous CPU tensors, floating ones cast to `dtype` first, where
+    they are (on a GPU, a bfloat16 copy moves half the bytes of float32 to the host). Tied weights
+    (embeddings and head): vLLM's reload wants both names, and safetensors refuses two names on
+    one storage, so the second is a copy."""
+    tensors, seen = {}, set()
+    for name, t in weights:
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        t = t.to("cpu").contiguous()
+        tensors[name] = t.clone() if t.data_ptr() in seen else t
+        seen.add(t.data_ptr())
+    return tensors
+
+
+def write_weights(weights, folder: str, dtype: torch.dtype | None, what: str,
+                  where: str | None = None) -> str:
+    """`weights` as folder/model.safetensors, written whole under a temporary name and renamed (a
+    reader never sees half of one), room checked first; the file's path. Errors name them as
+    `what`, and the directory as `where` (the one the user gave: `folder` is made under it)."""
+    where = where or folder
+    import shutil
+
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+    path = os.path.join(folder, "model.safetensors")
+    partial = path + ".partial"
+    tensors = host_tensors(weights, dtype)
+    need = sum(t.numel() * t.element_size() for t in tensors.values()) + 2**20   # and the header
+    free = shutil.disk_usage(folder).free    # the last version stays until replaced
+    if free < need:
+        raise EngineError(f"vllm_weights_dir: {what} need {need / 2**20:.0f} MiB in {where}, "
+                          f"which has {free / 2**20:.0f} MiB free; free some, or set "
+                          "vllm_weights_dir= to a directory with room (a container's /dev/shm is "
+                          "often 64 MB: docker run --shm-size)")
+    try:
+        save_file(tensors, partial)
+        os.replace(partial, path)
+    except (OSError, SafetensorError) as e:
+        if os.path.lexists(partial):
+            os.remove(partial)
+        raise EngineError(f"writing {what} to {folder} (vllm_weights_dir) failed: {e}") from None
+    return path
+
+
 class VLLMServerEngine:
     """A `vllm serve` process reached over HTTP (`sampler=vllm_server`, `vllm_url=`): token ids in
     and out through its OpenAI completions endpoint (one request per row, each with its seed),
@@ -231,44 +277,13 @@ class VLLMServerEngine:
 
     def write(self, weights, version: int) -> str:
         """The weights as one safetensors file in this engine's folder, in the server's dtype
-        (`dtype`: a bfloat16 server reads half the bytes of float32), written whole under a
-        temporary name and renamed; the folder's path. Room is checked first."""
-        import shutil
+        (`dtype`: a bfloat16 server reads half the bytes of float32); the folder's path."""
         import tempfile
-
-        from safetensors import SafetensorError
-        from safetensors.torch import save_file
         if self.weights_dir is None:
             self.weights_dir = tempfile.mkdtemp(
                 prefix=f"{WEIGHTS_PREFIX}{os.getpid()}@{socket.gethostname()}-", dir=self.weights_parent)
-        path = os.path.join(self.weights_dir, "model.safetensors")
-        partial = path + ".partial"
-        tensors, seen = {}, set()
-        for name, t in weights:
-            t = t.detach().to("cpu")
-            if self.dtype is not None and t.is_floating_point():
-                t = t.to(self.dtype)
-            t = t.contiguous()
-            # tied weights (embeddings and head): vLLM's reload wants both names, and
-            # safetensors refuses two names on one storage, so the second is a copy
-            tensors[name] = t.clone() if t.data_ptr() in seen else t
-            seen.add(t.data_ptr())
-        need = sum(t.numel() * t.element_size() for t in tensors.values()) + 2**20   # and the header
-        free = shutil.disk_usage(self.weights_dir).free    # the last version stays until replaced
-        if free < need:
-            raise EngineError(f"vllm_weights_dir: version {version}'s weights for {self.name} need "
-                              f"{need / 2**20:.0f} MiB in {self.weights_parent}, which has "
-                              f"{free / 2**20:.0f} MiB free; free some, or set vllm_weights_dir= to "
-                              "a directory with room (a container's /dev/shm is often 64 MB: "
-                              "docker run --shm-size)")
-        try:
-            save_file(tensors, partial)
-            os.replace(partial, path)
-        except (OSError, SafetensorError) as e:
-            if os.path.lexists(partial):
-                os.remove(partial)
-            raise EngineError(f"writing version {version}'s weights for {self.name} to "
-                              f"{self.weights_dir} (vllm_weights_dir) failed: {e}") from None
+        write_weights(weights, self.weights_dir, self.dtype, f"version {version}'s weights for {self.name}",
+                      self.weights_parent)
         return self.weights_dir
 
     def reload(self, folder: str, version: int) -> None:
