@@ -210,12 +210,16 @@ def cli_runs(args, work: Path) -> dict:
     out = {}
     for name, more in (("sync", []), ("async_steps_1", ["async_steps=1"])):
         run_dir = work / f"cli-{name}"
-        done = subprocess.run(
-            [sys.executable, "-m", "grpo.commands.cli", "train", f"model={model_dir}", f"dataset={data}",
-             "rewards=[gpu_check_reward:distinct]", "steps=2", "prompts_per_step=2", "group_size=4",
-             "max_new_tokens=16", "sft_steps=0", "eval_every=0", "dtype=float32",
-             f"mixed_precision={'bf16' if args.device == 'cuda' else 'no'}", f"output_dir={run_dir}",
-             *more], capture_output=True, text=True, cwd=work, timeout=300)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "grpo.commands.cli", "train", f"model={model_dir}", f"dataset={data}",
+                 "rewards=[gpu_check_reward:distinct]", "steps=2", "prompts_per_step=2", "group_size=4",
+                 "max_new_tokens=16", "sft_steps=0", "eval_every=0", "dtype=float32",
+                 f"mixed_precision={'bf16' if args.device == 'cuda' else 'no'}", f"output_dir={run_dir}",
+                 *more], capture_output=True, text=True, cwd=work, timeout=args.cli_limit_s)
+        except subprocess.TimeoutExpired:
+            out[name] = {"exit": None, "stopped": f"not done in {args.cli_limit_s} s"}
+            continue
         metrics = run_dir / "metrics.jsonl"
         steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
         out[name] = {"exit": done.returncode, "steps": sum("time/step_s" in m for m in steps),
@@ -225,9 +229,10 @@ def cli_runs(args, work: Path) -> dict:
     return out
 
 
-def exact(args, work: Path) -> dict:
-    """The exactness checks of the module docstring, on args.device."""
-    device, out = args.device, {}
+def exact(args, work: Path, save=lambda: None) -> dict:
+    """The exactness checks of the module docstring, on args.device; `save()` after each part
+    (what is done is kept if a later part runs out of time)."""
+    device, out = args.device, args.report.setdefault("exact", {})
     for family in FAMILIES:
         model = family_model(family, args, device)
         ids, mask, pos = ragged_batch(4, args.exact_tokens, args.exact_vocab, device)
@@ -237,15 +242,24 @@ def exact(args, work: Path) -> dict:
         ckpt, gckpt = completion_logprobs(model, ids, mask, T, checkpointing=True)
         entry["checkpointing"] = {"logp": gap(ckpt, f32), "grad": gap(gckpt, g32)}
         model.grpo_autocast = torch.bfloat16
-        auto, _ = completion_logprobs(model, ids, mask, T)
+        auto, gauto = completion_logprobs(model, ids, mask, T)
+        # the packed passes (packing=auto on CUDA: Flash's variable-length attention in bf16)
+        from grpo.models.packed import packable
+        model.grpo_packing = True
+        packed, gpacked = completion_logprobs(model, ids, mask, T)
+        model.grpo_packing = False
         del model.grpo_autocast
         diff = (auto.float() - f32).abs()
         entry["autocast_vs_float32"] = {"max_abs": float(diff.max()), "mean_abs": float(diff.mean())}
+        entry["packed_vs_padded_bf16"] = {"packable": packable(mask, T), "logp": gap(packed, auto),
+                                          "grad": gap(gpacked, gauto)}
         entry["chunked_head"] = chunked_head(model, ids, mask, T)
         entry["bfloat16"] = decoder_against_hf(model.to(torch.bfloat16), ids, mask, pos)
         out[family] = entry
+        save()
         del model
     out["cli"] = cli_runs(args, work)
+    save()
     return out
 
 
@@ -313,9 +327,11 @@ def main() -> None:
     args.logp_tokens = 32 if args.smoke else 256
     args.device, args.shapes = device, shapes
     args.exact_vocab, args.exact_tokens = (512, 32) if args.smoke else (32000, 256)
+    args.cli_limit_s = 240 if args.smoke else 50
     peak = bf16_matmul_rate(device, 256 if args.smoke else 8192)
+    import transformers
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "torch": torch.__version__, "matmul_rate_flops": float(f"{peak:.4g}"),
+              "torch": torch.__version__, "transformers": transformers.__version__, "matmul_rate_flops": float(f"{peak:.4g}"),
               "matmul_dtype": "bfloat16" if device == "cuda" else "float32",
               "new_tokens": args.tokens, "prompts_x_group": [args.prompts, args.group], "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -326,7 +342,8 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"gpu_check{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}.json"
         if args.part in ("all", "exact"):
-            report["exact"] = exact(args, work)
+            args.report = report
+            exact(args, work, save=lambda: path.write_text(json.dumps(report, indent=1) + "\n"))
             print(json.dumps({"exact": report["exact"]}), file=sys.stderr)
             path.write_text(json.dumps(report, indent=1) + "\n")     # kept if a shape runs out of time
         for name, shape in (shapes.items() if args.part in ("all", "shapes") else ()):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -90,23 +91,28 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "dir": args.dir, "repeats": args.repeats,
               "published_native_s": PUBLISHED_S, "shapes": {}}
-    for name, shape in shapes.items():
-        model = model_on(shape, 512 if args.smoke else 151936, device)
-        entry = {"params": sum(p.numel() for p in model.parameters())}
-        for label, dtype in (("bfloat16", torch.bfloat16), ("float32", None)):
-            entry[label] = time_write(model, dtype, args.repeats, args.dir)
-            print(f"{name} {label}: {entry[label]}", file=sys.stderr, flush=True)
-        if name == "qwen2.5-0.5b":
-            entry["over_published"] = round(entry["bfloat16"]["total_s"] / PUBLISHED_S, 2)
-        report["shapes"][name] = entry
-        del model
-        if cuda:
-            torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "-smoke" if args.smoke else ("-cpu" if args.cpu else "")
     path = out / f"gpu_handoff{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    for name, shape in shapes.items():
+        model = model_on(shape, 512 if args.smoke else 151936, device)
+        entry = {"params": sum(p.numel() for p in model.parameters())}
+        need = 2 * 4 * entry["params"] + 2**30         # the float32 file, and the one replacing it
+        where = args.dir
+        if shutil.disk_usage(where).free < need:       # a container's /dev/shm is often 64 MB
+            where = tempfile.gettempdir()
+            entry["dir"] = f"{where} ({args.dir} has {shutil.disk_usage(args.dir).free / 1e9:.1f} GB free)"
+        for label, dtype in (("bfloat16", torch.bfloat16), ("float32", None)):
+            entry[label] = time_write(model, dtype, args.repeats, where)
+            print(f"{name} {label}: {entry[label]}", file=sys.stderr, flush=True)
+        if name == "qwen2.5-0.5b":
+            entry["over_published"] = round(entry["bfloat16"]["total_s"] / PUBLISHED_S, 2)
+        report["shapes"][name] = entry
+        path.write_text(json.dumps(report, indent=1) + "\n")     # kept if a later shape runs out of time
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
     print(path)
 
 

@@ -1,11 +1,11 @@
 """A 30-step run at the Qwen2.5-0.5B shape on one CUDA GPU, killed with SIGKILL and resumed.
 
-    python benchmarks/gpu_resume.py             # on a CUDA GPU, about 3-4 minutes on an H200
+    python benchmarks/gpu_resume.py             # on a CUDA GPU: 3 commands of at most 150 s each
     python benchmarks/gpu_resume.py --smoke     # a tiny shape, 6 steps: checks the script (CPU too)
 
 Three `grpo train` commands, as a user runs them, on a random Qwen2.5-0.5B-shaped model (gpu_check.
 build), float32 weights with bfloat16 autocast (mixed_precision=bf16), activation checkpointing,
-8 prompts x 8 completions of up to 128 new tokens, a checkpoint every 10 steps:
+8 prompts x 8 completions of up to 64 new tokens, a checkpoint every 10 steps (the last kept):
 
     whole       30 steps, unbroken
     killed      the same in another directory, SIGKILLed once metrics.jsonl holds 15 steps (past
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,28 +46,54 @@ def command(args, model_dir: Path, data: Path, run_dir: Path, *more: str) -> lis
     return [sys.executable, "-m", "grpo.commands.cli", "train", f"model={model_dir}", f"dataset={data}",
             "rewards=[gpu_check_reward:distinct]", f"steps={args.steps}", "prompts_per_step=8",
             "group_size=8", f"max_new_tokens={args.tokens}", "sft_steps=0", "eval_every=0",
-            f"save_every={args.save_every}", "dtype=float32",
+            f"save_every={args.save_every}", "keep_last=1", "dtype=float32",
             f"mixed_precision={'bf16' if args.cuda else 'no'}", "gradient_checkpointing=true",
             "beta=0.04", "lr=1e-6", f"output_dir={run_dir}", *more]
 
 
-def run(cmd: list[str], log: Path, work: Path, kill_at: int = 0, metrics: Path | None = None) -> dict:
-    """Run `cmd`; with `kill_at`, SIGKILL its process group once `metrics` holds that many steps."""
+RUNNING: list[subprocess.Popen] = []      # the run in flight, killed with us (on_term)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def on_term(signum, frame) -> None:
+    """Stopped from outside (gpu_all.sh's timeout): the run in flight, a session of its own that
+    the timeout does not reach, goes too, so it holds no GPU after us."""
+    for proc in RUNNING:
+        kill(proc)
+    raise SystemExit(128 + signum)
+
+
+def run(cmd: list[str], log: Path, work: Path, limit_s: float, kill_at: int = 0,
+        metrics: Path | None = None) -> dict:
+    """Run `cmd` for at most `limit_s`; with `kill_at`, SIGKILL its process group once `metrics`
+    holds that many steps."""
     started = time.perf_counter()
     with open(log, "a") as out:
         out.write("\n$ " + " ".join(cmd) + "\n")
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, cwd=work, start_new_session=True)
-        killed_after = None
+        RUNNING.append(proc)
+        killed_after, stopped = None, False
         while proc.poll() is None:
-            if kill_at and metrics is not None and metrics.exists():
+            if killed_after is None and kill_at and metrics is not None and metrics.exists():
                 steps = sum(1 for line in metrics.read_text().splitlines() if '"time/step_s"' in line)
                 if steps >= kill_at:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    kill(proc)
                     killed_after = steps
+            if time.perf_counter() - started > limit_s:
+                kill(proc)
+                stopped = True
             time.sleep(0.05)
+        RUNNING.remove(proc)
     return {"exit": proc.returncode, "wall_s": round(time.perf_counter() - started, 1),
-            **({"killed_after_steps": killed_after} if kill_at else {})}
+            **({"killed_after_steps": killed_after} if kill_at else {}),
+            **({"stopped": f"not done in {limit_s:.0f} s"} if stopped else {})}
 
 
 def metrics_of(run_dir: Path) -> list[dict]:
@@ -105,13 +132,17 @@ def main() -> None:
         raise SystemExit("no CUDA GPU here: run with --smoke to check the script on a CPU")
     name, shape = next(iter((SMOKE if args.smoke else {"qwen2.5-0.5b": SHAPES["qwen2.5-0.5b"]}).items()))
     args.steps, args.save_every, kill_at = (6, 2, 3) if args.smoke else (30, 10, 15)
-    args.tokens = 16 if args.smoke else 128
+    args.tokens = 16 if args.smoke else 64
+    limit = 240 if args.smoke else 150          # per command
+    signal.signal(signal.SIGTERM, on_term)
     report = {"device": torch.cuda.get_device_name() if args.cuda else "cpu", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "shape": name, "steps": args.steps,
               "save_every": args.save_every, "kill_at_steps": kill_at, "new_tokens": args.tokens}
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    log = out / "logs" / f"gpu_resume{'-smoke' if args.smoke else ''}.log"
+    log = out / "logs" / f"gpu_resume{'-smoke' if args.smoke else ''}-runs.log"
+    path = out / f"gpu_resume{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    save = lambda: path.write_text(json.dumps(report, indent=1) + "\n")   # noqa: E731  after each run
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "gpu_check_reward.py").write_text(REWARD)
@@ -120,10 +151,14 @@ def main() -> None:
         data.write_text("".join(json.dumps({"prompt": f"Say something about {i}.", "answer": "x"}) + "\n"
                                 for i in range(64)))
         whole, killed = work / "whole", work / "killed"
-        report["whole"] = run(command(args, model_dir, data, whole), log, work)
-        report["killed"] = run(command(args, model_dir, data, killed), log, work, kill_at,
+        report["free_disk_gb"] = round(shutil.disk_usage(work).free / 1e9, 1)
+        report["whole"] = run(command(args, model_dir, data, whole), log, work, limit)
+        save()
+        report["killed"] = run(command(args, model_dir, data, killed), log, work, limit, kill_at,
                                killed / "metrics.jsonl")
-        report["resumed"] = run(command(args, model_dir, data, killed, "resume=auto"), log, work)
+        save()
+        report["resumed"] = run(command(args, model_dir, data, killed, "resume=auto"), log, work, limit)
+        save()
         report["files"] = {"whole": files(whole), "resumed": files(killed)}
         if report["whole"]["exit"] == 0 and report["resumed"]["exit"] == 0:
             report["resume"] = compare(metrics_of(whole), metrics_of(killed))
@@ -131,8 +166,7 @@ def main() -> None:
             w1, w2 = (load_file(d / "final" / "model.safetensors") for d in (whole, killed))
             report["resume"]["weights_max_abs_diff"] = max(float((w1[k].float() - w2[k].float()).abs().max())
                                                            for k in w1)
-    path = out / f"gpu_resume{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    save()
     print(json.dumps(report, indent=1), file=sys.stderr)
     print(path)
 

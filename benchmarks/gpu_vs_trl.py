@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -92,7 +93,7 @@ def trl_command(args, model_dir: Path, prompts: Path) -> list[str]:
 
 def trl_missing(python: str) -> str:
     """Why TRL cannot run under `python` ('' when it can)."""
-    done = subprocess.run([python, "-c", "import trl, datasets; print(trl.__version__)"],
+    done = subprocess.run([python, "-c", "import datasets; from trl import GRPOConfig, GRPOTrainer"],
                           capture_output=True, text=True)
     return "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no output"])[-1]
 
@@ -148,19 +149,22 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)
         model_dir = build(shape, vocab, work / name)
         data, formatted, prompt_len = write_prompts(work, model_dir)
+        from safetensors import safe_open
         from transformers import AutoConfig
-        from grpo.models import load_policy
-        params = sum(p.numel() for p in load_policy(str(model_dir)).parameters())
+        with safe_open(str(model_dir / "model.safetensors"), "pt") as f:     # tied: the head is the embedding
+            params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
         report["params"], report["prompt_tokens_mean"] = params, round(prompt_len, 1)
         log = Path(args.out) / "logs"
         log.mkdir(parents=True, exist_ok=True)
-        log = log / f"gpu_vs_trl{'-smoke' if args.smoke else ''}.log"
+        log = log / f"gpu_vs_trl{'-smoke' if args.smoke else ''}-runs.log"
+        partial = Path(args.out) / f"gpu_vs_trl{'-smoke' if args.smoke else ''}-partial.json"
         for r in range(args.repeats):
             for side in (("grpo", "trl") if r % 2 == 0 else ("trl", "grpo")):
                 if side == "trl" and missing:
                     continue
                 left = args.deadline - (time.perf_counter() - started)
-                if left < 30:
+                before = [r.get("wall_s", 30) for r in report["runs"][side]]
+                if left < max([30, *before]):          # not enough time for a run like the last one
                     say(f"repeat {r + 1} {side}: skipped, {args.deadline:.0f} s deadline")
                     continue
                 say(f"repeat {r + 1}/{args.repeats}: {side}")
@@ -170,6 +174,7 @@ def main() -> None:
                 say(f"  {side}: " + (result["failed"] if "failed" in result else
                                      f"{result['sec_per_step']} s/step"))
                 report["runs"][side].append(result)
+                partial.write_text(json.dumps(report, indent=1) + "\n")   # kept if stopped later
         vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
     rows = args.prompts * args.group
     completion = lambda side: statistics.mean(r["completion_len_mean"] for r in report["runs"][side]   # noqa: E731
@@ -188,10 +193,13 @@ def main() -> None:
     report["table"], report["vocab_size"] = table, vocab_size
     report["settings"] = {"grpo": next((r["config"] for r in report["runs"]["grpo"] if "config" in r), None),
                           "trl": next((r["settings"] for r in report["runs"]["trl"] if "settings" in r), None)}
+    if not missing:
+        report["trl"] = "run" if "sec_per_step" in table.get("trl", {}) else "failed (runs.log)"
     report["wall_s"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     path = out / f"gpu_vs_trl{'-smoke' if args.smoke else ''}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
+    partial.unlink(missing_ok=True)
     print(markdown(report, memory_key), file=sys.stderr)
     print(path)
 

@@ -213,6 +213,28 @@ def test_varlen_reference_by_hand():
     assert out.flatten().tolist() == [1.5, 3.0]
 
 
+def test_varlen_attention_is_asked_for_in_the_words_each_torch_release_takes():
+    """torch's varlen_attn changed its arguments between releases (2.11 has no enable_gqa): the
+    lower-right causal mask and grouped-query attention are asked for as each signature allows."""
+    from grpo.models.packed import varlen_arguments
+
+    def newest(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False): ...
+
+    def windowed(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)): ...
+
+    def causal(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False): ...
+
+    def neither(q, k, v, cu_q, cu_k, max_q, max_k): ...
+    assert varlen_arguments(newest, gqa=True) == ({"window_size": (-1, 0), "enable_gqa": True}, False)
+    assert varlen_arguments(newest, gqa=False) == ({"window_size": (-1, 0)}, False)
+    assert varlen_arguments(windowed, gqa=True) == ({"window_size": (-1, 0)}, True)   # repeat k, v
+    assert varlen_arguments(causal, gqa=True) == ({"is_causal": True}, True)
+    assert varlen_arguments(causal, gqa=False) == ({"is_causal": True}, False)
+    assert varlen_arguments(neither, gqa=True) is None                               # the reference
+    from torch.nn.attention.varlen import varlen_attn                                # this torch's
+    assert varlen_arguments(varlen_attn, gqa=True) is not None
+
+
 def test_packing_key_sets_the_model_and_auto_is_off_on_a_cpu(tmp_path):
     from grpo.assembly.model import set_packing
     from grpo.config import ConfigError, build_config

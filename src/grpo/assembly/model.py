@@ -37,7 +37,8 @@ def resolve_model(config: TrainConfig, run_dir: Path | None,
     after a barrier (transformers writes model files on rank 0 only): a process that does not see
     it (machines that do not share `output_dir`) stops every process, in one line."""
     name = config.model.model
-    if name == "tiny" and not config.data.dataset and getattr(get_task(config.data.task), "vision", False):
+    d = config.data
+    if name == "tiny" and not d.dataset and getattr(get_task(d.task, d.task_args), "vision", False):
         name = "tiny-vlm"             # a task whose prompts hold images gets the tiny vision model
     if name in ("tiny", "tiny-vlm"):
         make = build_tiny_vlm if name == "tiny-vlm" else build_tiny
@@ -156,9 +157,12 @@ def given_model(config: TrainConfig, model, tokenizer, log: Callable[[str], None
 
 def set_packing(model, config: TrainConfig) -> None:
     """`packing`: models.token_logprobs packs a micro-batch's rows (models/packed.py) where the
-    model reads `grpo_packing`; `auto` packs on CUDA."""
+    model reads `grpo_packing`; `auto` packs on CUDA where this torch has a variable-length
+    attention kernel (packed.has_varlen_kernel)."""
+    from grpo.models.packed import has_varlen_kernel
     on_cuda = next(model.parameters()).device.type == "cuda"
-    model.grpo_packing = config.optim.packing == "on" or (config.optim.packing == "auto" and on_cuda)
+    model.grpo_packing = config.optim.packing == "on" or (
+        config.optim.packing == "auto" and on_cuda and has_varlen_kernel())
 
 
 ROUNDED_AWAY_REFUSED = 0.5   # fewer weights than this share moved by an lr-sized step: refused

@@ -15,7 +15,8 @@
     matmul_peak_flops  this machine's matrix-multiply rate, measured now (`matmul_peak`): float32
                        on a CPU; on a CUDA GPU (where the run trains) bfloat16, its tensor cores' rate
     peak_fraction      model_flops_per_s / matmul_peak_flops
-    peak_gpu_memory_mb on a CUDA GPU: the most memory torch held there during the run
+    peak_gpu_memory_mb on a CUDA GPU: the most memory its tensors held there during the run
+                       (peak_gpu_reserved_mb: the most torch's allocator reserved)
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def bench(config: TrainConfig, log=to_stderr) -> dict:
     params = sum(p.numel() for p in result.policy.parameters())
     out = summarize(result.history, params, config.optim.num_iterations, config.loss.beta,
                     config.sampling.group_size)
-    if cuda:
+    if cuda:     # what tensors held at most, and what torch's allocator reserved for them
         out["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+        out["peak_gpu_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2 ** 20, 1)
     out["matmul_peak_flops"] = float(f"{peak:.4g}")
     out["matmul_dtype"] = "bfloat16" if cuda else "float32"
     out["peak_fraction"] = round(out["model_flops_per_s"] / peak, 3)

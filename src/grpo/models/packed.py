@@ -112,10 +112,15 @@ def varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *, gqa: bool) -> torch.T
     if q.is_cuda and torch.is_autocast_enabled("cuda"):    # rotary made q, k float32 under
         dtype = torch.get_autocast_dtype("cuda")            # autocast; Flash takes bf16/fp16
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and has_varlen_kernel():
         from torch.nn.attention.varlen import varlen_attn
-        return varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, window_size=(-1, 0),
-                           enable_gqa=gqa)
+        how = varlen_arguments(varlen_attn, gqa)
+        if how is not None:
+            kwargs, repeat = how
+            if repeat:           # no enable_gqa in this torch: each key/value head, once per query head
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+            return varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, **kwargs)
     out = q.new_empty(q.shape)
     for start_q, end_q, start_k, end_k in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(),
                                               cu_k[:-1].tolist(), cu_k[1:].tolist()):
@@ -127,3 +132,31 @@ def varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *, gqa: bool) -> torch.T
             q[start_q:end_q].transpose(0, 1), k[start_k:end_k].transpose(0, 1),
             v[start_k:end_k].transpose(0, 1), attn_mask=see, enable_gqa=gqa).transpose(0, 1)
     return out
+
+
+def varlen_arguments(fn, gqa: bool) -> tuple[dict, bool] | None:
+    """How to ask torch's `varlen_attn` (whose arguments changed between releases) for attention
+    causal at the lower right: (keyword arguments, whether keys and values must be repeated per
+    query head), or None when this torch's version takes neither `window_size` nor `is_causal`
+    (then the per-document reference runs)."""
+    import inspect
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        kwargs = {"window_size": (-1, 0)}
+    elif "is_causal" in params:       # Flash's causal mask aligns at the lower right
+        kwargs = {"is_causal": True}
+    else:
+        return None
+    if gqa and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    return kwargs, gqa and "enable_gqa" not in params
+
+
+def has_varlen_kernel() -> bool:
+    """Whether this torch has `torch.nn.attention.varlen.varlen_attn` in a form varlen can ask
+    for (varlen_arguments); without it, `packing=auto` stays off and `on` runs the reference."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return False
+    return varlen_arguments(varlen_attn, gqa=True) is not None
