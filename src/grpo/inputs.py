@@ -91,8 +91,18 @@ def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | N
 def agent_of(config: TrainConfig) -> Agent | None:
     """The config's Agent, from its keys alone (a run's own is `Data.agent`, which holds the
     tools and environment given from Python as well)."""
-    task_tools = [] if config.data.dataset else list(getattr(get_task(config.data.task), "tools", []))
+    d = config.data
+    task_tools = [] if d.dataset else list(getattr(get_task(d.task, d.task_args), "tools", []))
     return load_agent(config, task_tools)
+
+
+def system_prompt_of(config: TrainConfig) -> str:
+    """`system_prompt`, or where it is empty, the task's own (a reasoning-gym task's names the
+    answer format)."""
+    d = config.data
+    if d.system_prompt or d.dataset:
+        return d.system_prompt
+    return getattr(get_task(d.task, d.task_args), "system_prompt", "")
 
 
 def call_format_of(config: TrainConfig, tokenizer, agent: Agent):
@@ -107,11 +117,10 @@ def call_format_of(config: TrainConfig, tokenizer, agent: Agent):
 def prompt_texts(config: TrainConfig, tokenizer, rows: list[dict], agent: Agent | None) -> list[str]:
     """Each row's prompt as the model sees it (chat template applied where it belongs), with
     the tools and environment of `agent` (the run's: Data.agent) described."""
-    texts = []
+    texts, system = [], system_prompt_of(config)
     for i, r in enumerate(rows):
         try:
-            texts.append(format_prompt(tokenizer, r["prompt"], config.model.chat_template,
-                                       config.data.system_prompt,
+            texts.append(format_prompt(tokenizer, r["prompt"], config.model.chat_template, system,
                                        tools=agent.shown if agent else None,
                                        call_format=agent.call_format if agent else "plain",
                                        images=len(r.get("images") or [])))

@@ -122,7 +122,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
     task, fingerprints = None, {}
     if held_out_only:
         train_rows, demonstrations = [], []
-        task = get_task(d.task) if not d.dataset else None
+        task = get_task(d.task, d.task_args) if not d.dataset else None
     elif d.dataset:
         if log is not None:
             log(reading_note("dataset", d.dataset, d.dataset_split))
@@ -137,7 +137,7 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
             log(f"cold start: {len(demonstrations):,} of {len(train_rows):,} rows have a completion "
                 "to imitate; the rest are GRPO's only")
     else:
-        task = get_task(d.task)
+        task = get_task(d.task, d.task_args)
         train_rows = task.train_rows(config.run.seed)
         demonstrations = []
         for r in train_rows:

@@ -71,6 +71,8 @@ def overview() -> str:
 
 Built-in tasks (task=NAME):
 {tasks}
+      reasoning_gym:NAME   reasoning-gym's ~100 generators, scored by their own score_answer
+                           (task_args={{...}} for their knobs; pip install -e '.[tasks]'; docs/tasks.md)
 
 Presets (algorithm=NAME; explicit keys win; docs/algorithms.md gives the papers):
 {presets}

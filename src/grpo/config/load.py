@@ -163,6 +163,17 @@ def _coerce(key: str, value, hint):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         raise bad("a string")
+    if hint is dict:          # a mapping (task_args): YAML's, or one written on the command line
+        if isinstance(value, str) and value.strip():
+            try:
+                value = yaml.load(value, Loader=_Loader)
+            except yaml.YAMLError:
+                raise bad("a mapping such as {a: 1, b: 2}") from None
+        if value in ("", None):
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise bad("a mapping such as {a: 1, b: 2}")
+        return dict(value)
     if typing.get_origin(hint) is list:
         (inner,) = typing.get_args(hint)
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -248,7 +259,7 @@ def build_config(values: dict | None = None) -> TrainConfig:
     """Defaults, then the `algorithm` preset, then `values`; every key and type is checked."""
     values = dict(values or {})
     for key, value in values.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and not (key in KEYS and KEYS[key][2] is dict):
             raise nested_section_error(key, value)
     unknown = [key for key in values if key not in KEYS]
     if unknown:

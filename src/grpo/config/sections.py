@@ -54,7 +54,14 @@ class ModelConfig:
 class DataConfig:
     task: str = "largest"
     """Built-in task (largest, addition, countdown, calculator, shapes) used when `dataset` is
-    empty; brings its own reward (and calculator, an agent task, its tool)."""
+    empty; brings its own reward (and calculator, an agent task, its tool). Or reasoning-gym's:
+    `reasoning_gym:NAME`, several as `reasoning_gym:A:3,B:1` (drawn by weight), scored by the
+    task's own score_answer (the extra `pip install -e '.[tasks]'`; docs/tasks.md)."""
+    task_args: dict = field(default_factory=dict)
+    """Knobs of a reasoning_gym task, a mapping: the task's own configuration fields
+    (`{min_terms: 2, max_digits: 1}`; with several tasks, each one's under its name) and grpo's
+    `size` (training rows, 1000), `eval_size` (held-out rows, 200) and `prompt` (the system prompt
+    naming the answer format: one of reasoning-gym's, `default`)."""
     dataset: str = ""
     """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
     dataset_config: str = ""

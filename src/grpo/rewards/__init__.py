@@ -15,9 +15,9 @@ from grpo.rewards.contract import (REWARDS, UNSCORABLE, RewardError, RewardFn, U
                                    unique_names)
 from grpo.rewards.answers import exact_answer, extract_answer, final_answer, math_accuracy
 from grpo.rewards.code import CodeTests, code_tests
-from grpo.rewards.countdown import countdown_equation
+from grpo.rewards.tasks import countdown_equation, reasoning_gym
 from grpo.rewards.format import think_format
 
 __all__ = ["REWARDS", "RewardError", "UNSCORABLE", "Unscored", "get_reward", "score", "math_accuracy",
-           "exact_answer", "think_format", "countdown_equation", "code_tests", "CodeTests",
+           "exact_answer", "think_format", "countdown_equation", "reasoning_gym", "code_tests", "CodeTests",
            "final_answer", "extract_answer", "reward_name", "RewardFn", "unique_names", "as_values", "as_messages", "columns_for"]

@@ -11,7 +11,7 @@ import numbers
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from grpo.rewards.countdown import countdown_equation
+from grpo.rewards.tasks import countdown_equation, reasoning_gym
 from grpo.rewards.format import think_format
 from grpo.rewards.answers import exact_answer, final_answer, math_accuracy
 from grpo.rewards.code import code_tests
@@ -27,6 +27,7 @@ REWARDS: dict[str, RewardFn] = {
     "exact_answer": exact_answer,
     "think_format": think_format,
     "countdown_equation": countdown_equation,
+    "reasoning_gym": reasoning_gym,
     "code_tests": code_tests,
     "final_answer": final_answer,
 }

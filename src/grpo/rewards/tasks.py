@@ -1,9 +1,19 @@
-"""Countdown: reach a target number from given numbers, each used once, with + - * / and brackets.
+"""The rewards of the built-in tasks: countdown's equation, and reasoning-gym's own scorers.
+
+Countdown: reach a target number from given numbers, each used once, with + - * / and brackets.
 
 The equation is read in bounded time whatever the completion holds: the last <answer>..</answer>
 is found in one pass, and an expression longer than MAX_EQUATION_CHARS is not parsed. An equation
 that cannot be read scores 0 with its cause counted (faults.py): `equation_too_long`,
 `not_arithmetic` (not Python syntax, or names, calls, powers...), `divides_by_zero`.
+
+reasoning-gym (`task=reasoning_gym:NAME`, data/tasks/gym.py): `reasoning_gym` scores a completion
+with the task's own code, `score_answer(extract_answer(completion), entry)`, in worker processes
+with the same CPU budget and deadline as math answers (answers.py): a scorer that uses up the
+budget scores 0 (`scorer_overran`), one that raises scores 0 (`scorer_raised`), one that returns
+something other than a finite number scores 0 (`scorer_not_a_number`); a worker starved past its
+deadline or killed gives None. The task's own rules stand: its default `score_answer` gives partial
+credit, len(answer) / len(completion's answer), to an answer that contains the right one.
 """
 
 from __future__ import annotations
@@ -71,4 +81,68 @@ def countdown_equation(prompts: list[str], completions: list[str], numbers: list
         if cause is not None:
             faults.count("countdown_equation", cause)
         out.append(score)
+    return out
+
+
+def _gym_dataset(task: str, config_json: str):
+    key = (task, config_json)
+    if key not in _GYM_DATASETS:
+        import json
+
+        import reasoning_gym
+        _GYM_DATASETS[key] = reasoning_gym.create_dataset(task, seed=0, size=1, **json.loads(config_json))
+    return _GYM_DATASETS[key]
+
+
+_GYM_DATASETS: dict = {}
+
+
+def score_gym(task: str, config_json: str, entry_json: str, completion: str):
+    """In a worker: the task's own extraction and score (module docstring)."""
+    import json
+
+    from reasoning_gym.utils import extract_answer
+    return _gym_dataset(task, config_json).score_answer(extract_answer(completion), json.loads(entry_json))
+
+
+def gym_pool():
+    """The worker processes that run reasoning-gym's scorers with a deadline (started on first use)."""
+    global _GYM_POOL
+    if _GYM_POOL is None:
+        import atexit
+
+        from grpo.rewards.answers import MATH_CPU_S, MATH_DEADLINE_S, MATH_WORKERS
+        from grpo.sandbox.pool import DeadlinePool
+        _GYM_POOL = DeadlinePool(score_gym, workers=MATH_WORKERS, deadline_s=MATH_DEADLINE_S,
+                                 cpu_s=MATH_CPU_S)
+        atexit.register(_GYM_POOL.close)
+    return _GYM_POOL
+
+
+_GYM_POOL = None
+_GYM_CAUSES = {"cpu": "scorer_overran", "error": "scorer_raised"}
+
+
+def reasoning_gym(prompts: list[str], completions: list[str], rg_task: list, rg_config: list,
+                  rg_entry: list, **columns) -> list:
+    """A reasoning-gym task's own score of each completion (module docstring), in [0, 1]."""
+    import math
+    jobs = [((t, c, e, completion), {}) for t, c, e, completion in zip(rg_task, rg_config, rg_entry, completions)]
+    out: list[float | None] = []
+    for kind, value in gym_pool().run(jobs) if jobs else []:
+        if kind == "ok":
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if math.isfinite(number):
+                out.append(number)
+                continue
+            faults.count("reasoning_gym", "scorer_not_a_number")
+            out.append(0.0)
+        elif kind in _GYM_CAUSES:
+            faults.count("reasoning_gym", _GYM_CAUSES[kind])
+            out.append(0.0)
+        else:
+            out.append(None)
     return out

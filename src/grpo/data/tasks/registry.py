@@ -10,6 +10,7 @@ from grpo.config import ConfigError
 from grpo.data.tasks.addition import AdditionTask
 from grpo.data.tasks.calculator import CalculatorTask
 from grpo.data.tasks.countdown import CountdownTask
+from grpo.data.tasks.gym import PREFIX, ReasoningGymTask
 from grpo.data.tasks.largest import LargestTask
 from grpo.data.tasks.shapes import ShapesTask
 
@@ -33,7 +34,15 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
-def get_task(name: str):
+def get_task(name: str, args: dict | None = None):
+    """The task `name` makes: a built-in, or reasoning-gym's (`reasoning_gym:NAME[:WEIGHT],...`,
+    data/tasks/gym.py) with the knobs in `args` (`task_args`), which built-ins take none of."""
+    if name.startswith(PREFIX):
+        return ReasoningGymTask(name[len(PREFIX):], args)
     if name not in TASKS:
-        raise ConfigError(f"config key 'task': unknown task {name!r}; built-ins are {sorted(TASKS)}")
+        raise ConfigError(f"config key 'task': unknown task {name!r}; built-ins are {sorted(TASKS)}, "
+                          f"or {PREFIX}NAME for reasoning-gym's")
+    if args:
+        raise ConfigError(f"config key 'task_args': the built-in task {name!r} takes no arguments "
+                          f"(they are for {PREFIX}NAME tasks); got {sorted(args)}")
     return TASKS[name].make()
