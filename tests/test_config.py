@@ -357,6 +357,9 @@ BREAKS_ONE_RULE = {
     "unscorable_choice": {"unscorable": "none"},
     "reward_on_error_choice": {"reward_on_error": "ignore"},
     "one_weight_per_reward": {"rewards": ["think_format"], "reward_weights": [1.0, 0.5]},
+    "distill_choice": {"teacher": "t", "distill": "both"},
+    "teacher_dtype_choice": {"teacher": "t", "teacher_dtype": "int8"},
+    "distill_needs_a_teacher": {"distill": "alone"},
 }
 
 

@@ -38,6 +38,7 @@ PAPER_SETTINGS = {
                      "aggregation": "sequence_mean"},
     "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline", "reinforce_pp_batch_norm": True,
                               "kl_in_reward": False, "kl_estimator": "k2", "beta": 0.001},
+    "distill": {"distill": "alone", "aggregation": "token_mean", "beta": 0.0},
 }
 
 
@@ -47,9 +48,15 @@ def test_every_preset_has_its_paper_settings_listed_here():
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_preset_trains_from_the_command_line(name, tmp_path):
+    teacher = []
+    if name == "distill":        # a teacher sharing the tiny model's tokenizer
+        from grpo.models import build_tiny
+        teacher = [f"teacher={build_tiny(tmp_path / 'teacher', hidden_size=32, layers=2, heads=2)}"]
     out = subprocess.run([sys.executable, "-m", "grpo.commands.cli", "train", f"algorithm={name}", "steps=2",
                           "sft_steps=2", "eval_every=0", "prompts_per_step=4", "group_size=4",
-                          f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+                          f"output_dir={tmp_path / 'run'}", *teacher], capture_output=True, text=True,
+                         timeout=300)
+    tmp_path = tmp_path / "run"
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert {k: resolved[k] for k in PAPER_SETTINGS[name]} == PAPER_SETTINGS[name]

@@ -89,6 +89,7 @@ class Rollout:
     advantages: torch.Tensor | None = _f("token", None, join="never")   # [N], or [N, T] per token (turn rewards, REINFORCE++)
     old_logprobs: torch.Tensor | None = _f("token", None, join="never")   # [N, T] pi_old, fixed for the mu updates
     ref_logprobs: torch.Tensor | None = _f("token", None, join="never")   # [N, T] pi_ref; None when beta = 0
+    teacher_logprobs: torch.Tensor | None = _f("token", None, join="never")   # [N, T] the teacher's (distillation); None without one
     loss_mask: torch.Tensor | None = _f("token", None, join="never")   # [N, T] tokens that enter the loss; None = completion_mask
     context_mask: torch.Tensor | None = _f("token", None, join="if_any")   # [N, T] every real token after the prompt; None = completion_mask
     episodes: Episodes | None = _f("episodes", None, join="if_first")   # multi-turn bookkeeping; None: single-turn

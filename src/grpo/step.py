@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from grpo.algorithm.advantages import (ADVANTAGES, TOKEN_RETURNS, batch_token_normalized,
-                                       process_supervision, token_returns)
+                                       distillation_advantages, process_supervision, token_returns)
 from grpo.algorithm.corrections import CORRECTIONS
 from grpo.algorithm.loss import (COVARIANCE_LOSSES, LossSettings, aggregation_weights, clip_cov_tokens,
                                  kl_cov_tokens, kl_penalized_rewards, token_covariance, token_kl)
@@ -106,6 +106,7 @@ class Learner:
     skipped_total: int = 0
     world: distributed.World = distributed.World()   # this process's rank among `size`
     step: int = 0                # the GRPO step being taken (it seeds the sampling draws)
+    teacher: torch.nn.Module | None = None   # on-policy distillation's teacher (`teacher`), frozen
 
 
 def grpo_step(c: TrainConfig, learner: Learner, source: GroupSource, agent=None,
@@ -217,7 +218,29 @@ def set_advantages(c: TrainConfig, rollout: Rollout, agent, world: distributed.W
     else:
         rollout.advantages = ADVANTAGES[c.loss.advantage](rewards, rollout.group_ids,
                                                           c.loss.advantage_eps)
+    if rollout.teacher_logprobs is not None:
+        extra.update(add_distillation(c, rollout, world))
     return extra
+
+
+def add_distillation(c: TrainConfig, rollout: Rollout, world: distributed.World) -> dict:
+    """On-policy distillation: each token's advantage distill_coef * -(log pi - log teacher), the
+    reverse KL's per-token estimate at the sampled token, with log pi the policy's that sampled it:
+    pi_old, recomputed by a pass made as the teacher's is (plan_of), so a teacher equal to the
+    policy gives exactly 0; with async_steps and proximal=behaviour, the sampler's. Added to the
+    GRPO advantage, or alone (distill=alone). Tokens outside the loss (an environment's, padding) get 0. Its metrics are
+    means over every process's tokens in the loss."""
+    student = rollout.old_logprobs if rollout.old_logprobs is not None else rollout.sampler_logprobs
+    mask = rollout.tokens_in_loss.float()
+    gap = (student.float() - rollout.teacher_logprobs.float()) * mask
+    per_token = distillation_advantages(student, rollout.teacher_logprobs, mask, c.loss.distill_coef)
+    if c.loss.distill == "alone":
+        rollout.advantages = per_token
+    else:
+        outcome = rollout.advantages if rollout.advantages.dim() == 2 else rollout.advantages.unsqueeze(-1)
+        rollout.advantages = (outcome + per_token).float()
+    sums = distributed.sum_values({"kl": float(gap.sum()), "n": float(mask.sum())}, world)
+    return {"distill/reverse_kl": sums["kl"] / sums["n"] if sums["n"] else math.nan}
 
 
 def covariance_selection(c: TrainConfig, rollout: Rollout, world: distributed.World,
@@ -288,6 +311,8 @@ def fixed_logprobs(c: TrainConfig, learner: Learner, rollout: Rollout) -> None:
     elif plan.reference == "adapter_off":
         with learner.policy.disable_adapter():
             rollout.ref_logprobs = logprobs_of(learner.policy, rollout, mb, mb_tokens)
+    if learner.teacher is not None:       # distillation: the teacher's log-probs of the same tokens
+        rollout.teacher_logprobs = logprobs_of(learner.teacher, rollout, mb, mb_tokens)
 
 
 def loss_settings(c: TrainConfig, plan: Plan) -> LossSettings:

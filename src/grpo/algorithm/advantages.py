@@ -108,6 +108,18 @@ def token_returns(outcome: torch.Tensor, kl: torch.Tensor | None, beta: float,
     return returns * m
 
 
+def distillation_advantages(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor,
+                            coef: float) -> torch.Tensor:
+    """On-policy distillation's per-token advantage (reverse KL, as in TRL's GKD with lambda = 1 and
+    the on-policy distillation of Agarwal et al., arXiv:2306.13649): at each sampled token,
+        A_t = coef * -(log pi(x_t) - log teacher(x_t)),
+    the negative of the reverse KL's single-sample estimate there, so a token the teacher finds
+    likelier than the student gains and one it finds less likely loses. student, teacher [N, T]
+    log-probs of the same tokens, mask [N, T] (tokens in the loss) -> [N, T] float32, 0 outside."""
+    m = mask.to(torch.float32)
+    return (-coef * (student.float() - teacher.float()) * m).float()
+
+
 def batch_token_normalized(adv: torch.Tensor, mask: torch.Tensor, eps: float,
                            reduce: Callable[[dict], dict] = dict) -> torch.Tensor:
     """REINFORCE++'s global normalization (eq. 5): (A - mean) / (std + eps), the mean and the sample

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo import sft
-from grpo.assembly.model import add_lora
+from grpo.assembly.model import add_lora, load_teacher
 from grpo.inputs import Agent, Data, call_format_of, prompt_texts
 from grpo.config import ConfigError, TrainConfig, sampler_own_keys
 from grpo.config.plan import plan_of
@@ -88,10 +88,10 @@ def cold_start(c: TrainConfig, policy, tokenizer, data: Data, log, save_to: Path
 
 def make_learner(c: TrainConfig, policy, tokenizer, agent: Agent | None = None,
                  world: distributed.World = distributed.World(),
-                 ref_state: dict | None = None, engine=None) -> Learner:
-    """The reference (none when beta = 0), the sampler (on `engine` when one is given), AdamW
-    and its schedule; with `parallel=fsdp` on several processes, policy and reference sharded
-    first."""
+                 ref_state: dict | None = None, engine=None, log=print) -> Learner:
+    """The reference (none when beta = 0), the distillation teacher (with `teacher`), the sampler
+    (on `engine` when one is given), AdamW and its schedule; with `parallel=fsdp` on several
+    processes, policy and reference sharded first."""
     # With LoRA the reference is the policy with its adapter switched off: the base, into which
     # a cold start was merged (resume_or_cold_start), so the policy at the start of GRPO.
     # A frozen image encoder is shared with the reference, except under FSDP2, which shards each
@@ -116,6 +116,7 @@ def make_learner(c: TrainConfig, policy, tokenizer, agent: Agent | None = None,
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, c.optim.warmup_steps, c.run.steps, c.optim.lr_schedule),
         world=world, plan=plan,
+        teacher=load_teacher(c, policy, tokenizer, log) if c.model.teacher else None,
     )
 
 

@@ -237,3 +237,43 @@ def add_lora(policy, config: TrainConfig):
     lora = LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, target_modules=targets,
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(policy, lora)
+
+
+def load_teacher(c: TrainConfig, policy, tokenizer, log: Callable[[str], None] = to_stderr):
+    """The distillation teacher (`teacher`): loaded once, frozen, in `teacher_dtype` on
+    `teacher_device` (the policy's when empty). A run directory stands for its final/. Its
+    tokenizer must be the policy's, token for token: the advantage compares the two models'
+    log-probs of the same token ids, so another vocabulary is refused in one line."""
+    path, note = model_source("teacher", c.model.teacher)
+    if note:
+        log(note)
+    theirs = load_tokenizer(path)
+    mismatch = tokenizer_difference(tokenizer, theirs)
+    if mismatch:
+        raise ConfigError(f"config key 'teacher': {c.model.teacher} has another tokenizer than the "
+                          f"model ({mismatch}); distillation compares the two models' log-probs of "
+                          "the same token ids, so the teacher must share the policy's tokenizer")
+    dtype = c.compute_dtype if c.model.teacher_dtype == "auto" else c.model.teacher_dtype
+    teacher = load_policy(path, dtype)
+    device = c.model.teacher_device or next(policy.parameters()).device
+    teacher = teacher.to(device).eval()
+    teacher.requires_grad_(False)
+    if c.optim.mixed_precision == "bf16" and dtype == "float32":
+        teacher.grpo_autocast = torch.bfloat16      # compute as the policy does
+    log(f"teacher: {c.model.teacher} ({sum(p.numel() for p in teacher.parameters()):,} parameters, "
+        f"{dtype}, on {device}); distill={c.loss.distill}, distill_coef={c.loss.distill_coef:g}")
+    return teacher
+
+
+def tokenizer_difference(ours, theirs) -> str:
+    """'' when two tokenizers map every token to the same id (and share EOS), else the first
+    difference, said."""
+    a, b = ours.get_vocab(), theirs.get_vocab()
+    if len(a) != len(b):
+        return f"{len(b):,} tokens against {len(a):,}"
+    for token, i in a.items():
+        if b.get(token) != i:
+            return f"token {token!r} is id {b.get(token)} there, {i} here"
+    if ours.eos_token_id != theirs.eos_token_id:
+        return f"EOS is id {theirs.eos_token_id} there, {ours.eos_token_id} here"
+    return ""

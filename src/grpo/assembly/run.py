@@ -133,7 +133,7 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
         if c.sampling.sampler != "hf" or engine is not None:
             client_model.to("cpu")
     learner = make_learner(c, policy, tokenizer, data.agent, world, resume.reference_state(checkpoint),
-                           engine)
+                           engine, log=log)
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
     stream = PromptStream(data.train_rows, c.run.seed)

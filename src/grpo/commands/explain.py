@@ -234,6 +234,10 @@ def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
             "truncated": bool(rollout.truncated[i]),
             "old_logprobs": rollout.old_logprobs[i, :n].tolist(),
             "ref_logprobs": None if rollout.ref_logprobs is None else rollout.ref_logprobs[i, :n].tolist(),
+            "teacher_logprobs": (None if rollout.teacher_logprobs is None
+                                 else rollout.teacher_logprobs[i, :n].tolist()),
+            "token_advantages": (rollout.advantages[i, :n].tolist() if rollout.advantages.dim() == 2
+                                 else None),
             "in_loss": mask[i, :n].tolist(),
             "weights": weights[i, :n].tolist(),
             "logprob_before": float((rollout.old_logprobs[i] * mask[i]).sum()),
@@ -261,6 +265,7 @@ def _as_dict(c, rollout, tok, scored, iterations, after, weights) -> dict:
         "prompt": rollout.prompts[0], "model": c.model.model, "group_size": len(rollout),
         "advantage": c.loss.advantage, "advantage_eps": c.loss.advantage_eps,
         "loss_type": c.loss.loss_type, "aggregation": c.loss.aggregation, "beta": c.loss.beta,
+        "distill": c.loss.distill, "distill_coef": c.loss.distill_coef,
         "kl_estimator": c.loss.kl_estimator, "epsilon": c.loss.epsilon,
         "epsilon_high": c.loss.epsilon_high or c.loss.epsilon, "max_new_tokens": c.sampling.max_new_tokens,
         "group_mean": scored.mean().item() if scored.numel() else None,
@@ -310,6 +315,8 @@ def render(result: dict) -> str:
                       f"{comp['logprob_before']:.3f}", f"{comp['logprob_after']:.3f}",
                       f"{comp['logprob_change']:+.3f}")
     console.print(table)
+    if result["completions"] and result["completions"][0].get("teacher_logprobs") is not None:
+        _teacher_table(console, result, Table, Text)
     if all(abs(comp["advantage"]) == 0 for comp in result["completions"]):
         console.print("Every reward in the group is equal, so every advantage is 0: the update can only "
                       "follow the KL term. Try another --row, a larger group_size or a cold start.")
@@ -340,6 +347,25 @@ def render(result: dict) -> str:
         console.print("With num_iterations=1 every ratio is 1 (the policy is the one that sampled), so "
                       "nothing is clipped; set num_iterations=4 to watch the clip act.")
     return buffer.getvalue()
+
+
+def _teacher_table(console, result: dict, Table, Text) -> None:
+    """Distillation: each token's log-prob under the policy and the teacher, and the advantage
+    the token gets (the GRPO advantage, plus or in place of -(log pi - log teacher))."""
+    console.print(f"[bold]3b. teacher[/bold]  token advantage = {result.get('distill_coef', 1):g} * "
+                  f"-(log pi - log teacher)" + (" + A" if result.get("distill") == "add" else
+                                               " (distill=alone: the rewards are only logged)"))
+    tokens = Table(show_header=True)
+    tokens.add_column("#")
+    tokens.add_column("token: log pi / log teacher -> advantage", overflow="fold")
+    for i, comp in enumerate(result["completions"]):
+        line = Text()
+        for tok, mine, old, teacher, adv in zip(comp["tokens"], comp["in_loss"], comp["old_logprobs"],
+                                                comp["teacher_logprobs"], comp["token_advantages"]):
+            if mine:
+                line.append(f"{tok!r}: {old:.3f} / {teacher:.3f} -> {adv:+.3f}  ")
+        tokens.add_row(str(i), line)
+    console.print(tokens)
 
 
 def _transcript(comp: dict) -> str:

@@ -76,8 +76,8 @@ def plan_of(c) -> Plan:
     if pipeline.async_steps and pipeline.proximal == "behaviour":
         pi_old = "behaviour"
     elif (c.optim.num_iterations > 1 or correction is not None or loss.kl_in_reward
-          or loss.loss_type in COVARIANCE_LOSSES or pipeline.async_steps):
-        pi_old = "recomputed"
+          or loss.loss_type in COVARIANCE_LOSSES or pipeline.async_steps or c.model.teacher):
+        pi_old = "recomputed"     # a teacher's advantage compares its pass with pi_old's, made alike
     else:
         pi_old = "current"
     return Plan(reference=reference, ref_reset_every=c.run.ref_reset_every,

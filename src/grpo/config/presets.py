@@ -35,4 +35,8 @@ ALGORITHMS: dict[str, dict] = {
                               "loss_type": "clip", "aggregation": "sequence_mean", "epsilon": 0.2,
                               "epsilon_high": 0.2, "beta": 0.001, "kl_estimator": "k2",
                               "kl_in_reward": False},
+    # on-policy distillation (teacher=MODEL): each token's advantage is the reverse KL's,
+    # -(log pi - log teacher); one update per batch, a token mean, no KL to a reference
+    "distill": {"distill": "alone", "loss_type": "clip", "aggregation": "token_mean",
+                "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.0},
 }

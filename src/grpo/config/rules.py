@@ -79,6 +79,8 @@ BOUNDS: dict[str, Bound] = {
     "epsilon_high": _COUNT,
     "advantage_eps": Bound(0, why="0 divides by the std alone (a group whose rewards are all "
                                   "equal gets 0 whatever eps)"),
+    "distill_coef": Bound(0, open_low=True, why="it scales the teacher's per-token advantage; "
+                          "distill=add with no teacher weight is no teacher (teacher= empty)"),
     "clip_cov_fraction": _SHARE,
     "kl_cov_fraction": _SHARE,
     "kl_cov_coef": _COUNT,
@@ -162,6 +164,14 @@ def unknown_choice(c: dict) -> str | None:
         if c[key] not in choices:
             return (f"config key '{key}': unknown choice {c[key]!r}; choose one of "
                     f"{sorted(choices)}{choice_hint(key, c[key])}")
+    return None
+
+
+def _distill_needs_a_teacher(c: dict) -> str | None:
+    if c["distill"] == "alone" and not c["teacher"]:
+        return ("config key 'teacher': distill=alone (algorithm=distill) trains on a teacher's "
+                "per-token log-probs, so it needs teacher=MODEL (a model directory, hub name or "
+                "run directory sharing the policy's tokenizer)")
     return None
 
 
@@ -396,6 +406,9 @@ RULES: tuple[Rule, ...] = (
         "when every one does)"))),
     Rule("reward_on_error_choice", _one_of("reward_on_error", "raise", "skip")),
     Rule("one_weight_per_reward", _one_weight_per_reward),
+    Rule("distill_choice", _one_of("distill", "add", "alone")),
+    Rule("teacher_dtype_choice", _one_of("teacher_dtype", "auto", "float32", "bfloat16", "float16")),
+    Rule("distill_needs_a_teacher", _distill_needs_a_teacher),
 )
 
 

@@ -48,6 +48,16 @@ class ModelConfig:
     train_vision: bool = False
     """A vision-language model's image encoder (vision tower) trains too; by default it is frozen
     and the reference model shares it. The projector and the language model train either way."""
+    teacher: str = ""
+    """On-policy distillation: a model (directory, hub name, or a run directory for its final/)
+    sharing the policy's tokenizer, whose per-token log-probs on each sampled completion give each
+    token the advantage distill_coef * -(log pi(token) - log teacher(token)), a reverse KL
+    (`distill`: added to the GRPO advantage, or alone). Empty: none."""
+    teacher_dtype: str = "auto"
+    """The teacher's parameter dtype: auto (the run's compute dtype: bfloat16 under
+    mixed_precision=bf16, else `dtype`), float32, bfloat16 or float16."""
+    teacher_device: str = ""
+    """Where the teacher runs (`cuda:1`, `cpu`); empty: the policy's device."""
 
 
 @dataclass(frozen=True)
@@ -283,6 +293,12 @@ class LossConfig:
     """Upper clip range: rho is clipped above at 1 + epsilon_high; 0 means equal to `epsilon`."""
     advantage_eps: float = 1e-4
     """eps in A = (r - mean) / (std + eps)."""
+    distill: str = "add"
+    """With a `teacher`: `add` puts the teacher's per-token advantage on top of the GRPO
+    advantage; `alone` trains on the teacher's alone (algorithm=distill), the rewards then only
+    logged."""
+    distill_coef: float = 1.0
+    """Scale of the teacher's per-token advantage -(log pi - log teacher)."""
     advantage: str = "group_norm"
     """Advantage estimator: group_norm (GRPO), group_mean (Dr. GRPO), batch_norm, rloo,
     reinforce_pp (REINFORCE++: per-token return r - beta * sum of the later tokens' KL when
