@@ -130,3 +130,12 @@ def test_a_distillation_run_killed_and_resumed_equals_an_unbroken_one(student_di
                 for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics(tmp_path / "killed") == metrics(tmp_path / "whole")
     assert all("distill/reverse_kl" in m for m in metrics(tmp_path / "whole") if "loss" in m)
+
+
+def test_flat_rewards_are_no_warning_when_a_teacher_teaches_and_its_kl_is_on_the_line():
+    from grpo.run.metrics import RunawayWatch, metrics_line
+    step = {"advantage/zero_std_frac": 1.0, "reward/mean": 0.0, "entropy": 0.5, "kl": 0.0,
+            "time/step_s": 0.4}
+    assert "every group's rewards are equal" in RunawayWatch().note(step)
+    assert RunawayWatch().note({**step, "distill/reverse_kl": 0.3}) == ""
+    assert "teacher kl 0.3000" in metrics_line({**step, "distill/reverse_kl": 0.3}, float("nan"))

@@ -144,7 +144,8 @@ def metrics_line(m: dict, accuracy: float) -> str:
     # async_steps: how stale the groups were and how long the trainer waited for them
     pipeline = (f"stale {m['pipeline/staleness_max']:.0f}  waited {m['pipeline/trainer_wait_s']:.2f}s  "
                 if "pipeline/staleness_max" in m else "")
-    return f"{reward}  kl {m['kl']:.4f}  {tools}{held_out}{pipeline}{m['time/step_s']:.2f}s/step"
+    teacher = f"teacher kl {m['distill/reverse_kl']:.4f}  " if "distill/reverse_kl" in m else ""
+    return f"{reward}  kl {m['kl']:.4f}  {teacher}{tools}{held_out}{pipeline}{m['time/step_s']:.2f}s/step"
 
 
 class RunawayWatch:
@@ -165,7 +166,8 @@ class RunawayWatch:
     docs/guides/troubleshooting.md says how to pick an lr. An empty note when neither holds.
 
     Also noted, though it is no runaway: a step where every group's rewards are equal
-    (`advantage/zero_std_frac` 1), whose advantages are all 0, so the reward taught nothing.
+    (`advantage/zero_std_frac` 1), whose advantages are all 0, so the reward taught nothing
+    (unless a distillation teacher gave the tokens advantages of its own).
     """
     WINDOW = 3
     ENTROPY_DROP = 0.5
@@ -183,7 +185,8 @@ class RunawayWatch:
         self.entropies.append(entropy)
         self.rewards.append(reward)
         notes = []
-        if m.get("advantage/zero_std_frac") == 1.0 and not math.isnan(reward):
+        taught = "distill/reverse_kl" in m          # a teacher's advantages teach without rewards
+        if m.get("advantage/zero_std_frac") == 1.0 and not math.isnan(reward) and not taught:
             self.flat_steps += 1
             notes.append(f"every group's rewards are equal ({self.flat_steps} step"
                          f"{'s' if self.flat_steps > 1 else ''} in a row): advantages 0, nothing "
