@@ -29,8 +29,8 @@ def test_rows_are_the_same_for_a_seed_and_held_out_rows_never_ask_a_training_que
     held = {r["prompt"] for r in task.eval_rows()}
     for seed in (0, 3, 4, 10_000):
         assert not held & {r["prompt"] for r in task.train_rows(seed)}
-    # a small problem space: 1-digit sums have 100 questions; with 30 held out, training gets
-    # rows from the other 70 only
+    # a small problem space: 1-digit sums have 121 questions; with 30 held out, training gets
+    # rows from the other 91 only
     small = get_task("reasoning_gym:basic_arithmetic", ADDITION)
     held = {r["prompt"] for r in small.eval_rows()}
     assert len(held) <= 30 and not held & {r["prompt"] for r in small.train_rows(0)}
@@ -38,6 +38,17 @@ def test_rows_are_the_same_for_a_seed_and_held_out_rows_never_ask_a_training_que
     entry = json.loads(row["rg_entry"])
     assert row["prompt"] == entry["question"] and row["answer"] == entry["answer"]
     assert small.demonstration(row) == f"<answer>{row['answer']}</answer>"
+
+
+def test_held_out_questions_are_distinct_and_a_task_they_exhaust_is_one_line():
+    small = get_task("reasoning_gym:basic_arithmetic", {**ADDITION, "eval_size": 60})
+    questions = [r["prompt"] for r in small.eval_rows()]
+    assert len(questions) == len(set(questions)) == 60
+    every = get_task("reasoning_gym:basic_arithmetic", {**ADDITION, "eval_size": 5000})
+    assert len(every.eval_rows()) == 121                # "1-digit" terms run 0..10: 11 x 11 sums, all held out
+    with pytest.raises(ConfigError, match=r"made no row that is not held out \(121 held-out questions\); "
+                                          r"lower task_args eval_size"):
+        every.train_rows(0)
 
 
 def test_several_tasks_are_drawn_by_weight_each_with_its_own_knobs():

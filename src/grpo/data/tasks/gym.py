@@ -98,11 +98,13 @@ class ReasoningGymTask:
             raise ConfigError(f"config key 'task_args': reasoning-gym's {name} refuses "
                               f"{self.knobs[name]}: {e}") from None
 
-    def _rows(self, seed: int, size: int, exclude: set[str]) -> list[dict]:
+    def _rows(self, seed: int, size: int, exclude: set[str], distinct: bool = False) -> list[dict]:
         """`size` rows drawn by weight from the tasks (each task's items in its index order, from
-        a seed of its own), skipping questions in `exclude`; fewer when a task's problems run out."""
+        a seed of its own), skipping questions in `exclude` (and, `distinct`, any asked already);
+        fewer when a task's problems run out."""
+        exclude = set(exclude)
         rng = random.Random(seed)
-        cap = size + len(exclude) + 16       # items a task may make (some make them all at once)
+        cap = 2 * (size + len(exclude)) + 16   # items a task may make (some make them all at once)
         sets = [self._dataset(name, seed=seed * 997 + i, size=cap) for i, (name, _) in enumerate(self.parts)]
         at, rows = [0] * len(sets), []
         weights = [w for _, w in self.parts]
@@ -114,17 +116,20 @@ class ReasoningGymTask:
             at[k] += 1
             if entry["question"] in exclude:
                 continue
+            if distinct:
+                exclude.add(entry["question"])
             name = self.parts[k][0]
             rows.append({"prompt": entry["question"], "answer": str(entry["answer"]), "rg_task": name,
                          "rg_entry": json.dumps(entry, default=str),
                          "rg_config": json.dumps(self.knobs[name], default=str)})
         if not rows:
-            raise ConfigError(f"config key 'task': {self.name} made no training row that is not held out "
-                              f"({self.eval_size} held-out rows); lower task_args eval_size or widen the task")
+            raise ConfigError(f"config key 'task': {self.name} made no row that is not held out "
+                              f"({len(exclude)} held-out questions); lower task_args eval_size, or "
+                              "widen the task with its knobs")
         return rows
 
     def eval_rows(self) -> list[dict]:
-        return self._rows(HELD_OUT_SEED, self.eval_size, exclude=set())
+        return self._rows(HELD_OUT_SEED, self.eval_size, exclude=set(), distinct=True)
 
     def train_rows(self, seed: int) -> list[dict]:
         """Training rows from the run's `seed` (a seed of their own, never the held-out one's),
