@@ -360,6 +360,7 @@ BREAKS_ONE_RULE = {
     "distill_choice": {"teacher": "t", "distill": "both"},
     "teacher_dtype_choice": {"teacher": "t", "teacher_dtype": "int8"},
     "distill_needs_a_teacher": {"distill": "alone"},
+    "curriculum_not_async": {"task_args": {"curriculum": 0.8}, "async_steps": 1},
 }
 
 

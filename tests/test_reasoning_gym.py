@@ -149,3 +149,74 @@ def test_a_run_killed_and_resumed_equals_an_unbroken_one(tiny_model_dir, tmp_pat
                 for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics(tmp_path / "killed") == metrics(tmp_path / "whole")
     assert any("eval/accuracy" in m for m in metrics(tmp_path / "whole"))
+
+
+def test_a_curriculum_sets_the_tasks_knobs_by_level_and_refuses_what_it_cannot():
+    task = get_task("reasoning_gym:basic_arithmetic", {"curriculum": 0.8, "operators": ["+"], "size": 20,
+                                                       "eval_size": 10})
+    assert task.max_level == 4
+    assert {k: task.knobs_at("basic_arithmetic", 0)[k] for k in ("max_terms", "max_digits")} == {"max_terms": 2, "max_digits": 1}
+    assert {k: task.knobs_at("basic_arithmetic", 1)[k] for k in ("max_terms", "max_digits")} == {"max_terms": 3, "max_digits": 2}
+    assert task.knobs_at("basic_arithmetic", 1)["operators"] == ["+"]          # the user's knobs stay
+    assert task.describe(1) == "basic_arithmetic: min_terms 2, max_terms 3, min_digits 1, max_digits 2"
+    assert json.loads(task.train_rows(0, level=1)[0]["rg_config"])["max_digits"] == 2
+    with pytest.raises(ConfigError, match=r"curriculum is the held-out accuracy that raises the level, in \(0, 1\]"):
+        get_task("reasoning_gym:basic_arithmetic", {"curriculum": 2})
+    with pytest.raises(ConfigError, match=r"level 9 is not one of the curriculum's 0\.\.4"):
+        get_task("reasoning_gym:basic_arithmetic", {"curriculum": 0.5, "level": 9})
+    with pytest.raises(ConfigError, match="a curriculum changes the rows .* use async_steps=0"):
+        load_config(None, ["task=reasoning_gym:gcd", "task_args={curriculum: 0.5}", "async_steps=1"])
+
+
+def test_raising_the_level_changes_the_rows_and_a_stream_resumes_at_its_level():
+    from types import SimpleNamespace
+    from grpo.data import PromptStream
+    from grpo.run.distributed import World
+    from grpo.train import raise_level
+    task = get_task("reasoning_gym:basic_arithmetic", {"curriculum": 0.5, "size": 30, "eval_size": 10})
+    stream = PromptStream(task.train_rows(0), 0, rows_at=lambda level: task.train_rows(0, level))
+    said = []
+    run = SimpleNamespace(data=SimpleNamespace(curriculum=task, eval_rows=task.eval_rows()[:8]),
+                          stream=stream, world=World(), log=said.append)
+    raise_level(run, 0.4, 10)                     # under the threshold: nothing
+    assert stream.level == 0 and said == []
+    raise_level(run, 0.5, 20)
+    assert stream.level == 1 and stream.rows == task.train_rows(0, 1)
+    assert run.data.eval_rows == task.eval_rows(1)[:8]
+    assert said == ["curriculum: held-out accuracy 0.500 reached 0.5 at step 20: level 0 -> 1 "
+                    "(basic_arithmetic: min_terms 2, max_terms 3, min_digits 1, max_digits 2)"]
+    stream.next_batch(7)
+    state = stream.state_dict()
+    again = PromptStream(task.train_rows(0), 0, rows_at=lambda level: task.train_rows(0, level))
+    again.load_state_dict(state)
+    assert again.level == 1 and again.next_batch(12) == stream.next_batch(12)
+
+
+def test_a_run_whose_level_rises_resumes_at_that_level_exactly(tiny_model_dir, tmp_path):
+    # the held-out score is a reward that is always 1 (eval_rewards), so the level rises at each
+    # evaluation: steps 2 and 4 of 6
+    (tmp_path / "always.py").write_text("def one(prompts, completions, **columns):\n"
+                                         "    return [1.0] * len(completions)\n")
+    args = [f"model={tiny_model_dir}", "task=reasoning_gym:basic_arithmetic",
+            "task_args={curriculum: 0.9, size: 40, eval_size: 8, prompt: direct}", "eval_rewards=[always:one]",
+            "sft_steps=2", "prompts_per_step=2", "group_size=4", "max_new_tokens=8", "steps=6",
+            "eval_every=2", "save_every=3", "threads=1", "seed=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
+
+    def launch(run, *more, fault=""):
+        return subprocess.run([sys.executable, "-m", "grpo", "train", *args, f"output_dir={run}", *more],
+                              env={**env, "GRPO_FAULT_KILL_AT": fault}, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+    whole = launch(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    assert "level 0 -> 1" in whole.stdout + whole.stderr and "level 1 -> 2" in whole.stdout + whole.stderr
+    assert launch(tmp_path / "killed", fault="step:5").returncode == -signal.SIGKILL
+    done = launch(tmp_path / "killed", "resume=auto")          # from step 3's checkpoint, at level 1
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def metrics(run):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/") and k != "tokens/s"}
+                for line in (run / "metrics.jsonl").read_text().splitlines()]
+    levels = [m["task/level"] for m in metrics(tmp_path / "whole") if "task/level" in m]
+    assert levels == [0, 0, 1, 1, 2, 2]
+    assert metrics(tmp_path / "killed") == metrics(tmp_path / "whole")

@@ -63,6 +63,8 @@ class Data:
     # dataset= and eval_dataset= rows as loaded, by key (data.fingerprint): a checkpoint records
     # them, and a resumed run on other data is refused
     fingerprints: dict[str, dict] = field(default_factory=dict)
+    # a reasoning-gym task with a curriculum (task_args curriculum=T): its rows by level
+    curriculum: object | None = None
 
 
 def load_agent(config: TrainConfig, task_tools: list[str], extra_tools: list | None = None,

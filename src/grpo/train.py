@@ -179,6 +179,8 @@ def _train(config: TrainConfig, **given) -> RunResult:
             learner.step = step
             rollout, metrics = grpo_step(c, learner, run.source, run.data.agent)
             metrics["data/skipped_long_prompts"] = run.data.skipped_long_prompts
+            if run.data.curriculum is not None:
+                metrics["task/level"] = run.stream.level
             fault_point("step")
             record(metrics, step)
             if (warning := unscored_warning(metrics, step)) is not None:
@@ -189,6 +191,7 @@ def _train(config: TrainConfig, **given) -> RunResult:
             tracker.samples(sample_records(rollout, step))
             if evaluating and (step % c.run.eval_every == 0 or step == c.run.steps):
                 accuracy = evaluate_now(run, record, step, bar)
+                raise_level(run, accuracy, step)
             signum = stop.requested(run.world)
             if (c.run.save_every and (step % c.run.save_every == 0 or step == c.run.steps)) or signum:
                 save(run, step, accuracy)
@@ -222,6 +225,24 @@ def evaluate_now(run: Run, record, step: int, steps_bar: Progress | None = None)
             return evaluate_rows(c, learner.sampler, run.tokenizer, run.data, record, step=step,
                             rows_file=rows_file, on_batch=lambda done, accuracy:
                             shown.update(done, f"pass@1 {accuracy:.3f}"))
+
+
+def raise_level(run: Run, accuracy: float, step: int) -> None:
+    """A curriculum (task_args curriculum=T): held-out accuracy at T or more raises the task's
+    level by one, below its highest. The training rows become the new level's (a new pass of the
+    stream, whose state a checkpoint keeps, level included), and so do the held-out rows. Rank 0
+    evaluates; every rank takes its answer."""
+    cur = run.data.curriculum
+    if cur is None:
+        return
+    up = run.world.is_main and accuracy >= cur.threshold and run.stream.level < cur.max_level
+    if not distributed.sum_values({"up": float(up)}, run.world)["up"]:
+        return
+    level = run.stream.level + 1
+    run.stream.set_level(level)
+    run.data.eval_rows = cur.eval_rows(level)[:len(run.data.eval_rows)]
+    run.log(f"curriculum: held-out accuracy {accuracy:.3f} reached {cur.threshold:g} at step {step}: "
+            f"level {level - 1} -> {level} ({cur.describe(level)})")
 
 
 def save(run: Run, step: int, accuracy: float) -> None:

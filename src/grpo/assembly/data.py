@@ -174,7 +174,8 @@ def load_data(config: TrainConfig, reward_fns: list[RewardFn] | None = None,
                        environment)
     data = Data(train_rows, eval_rows, reward_fns, weights, accuracy_fn, demonstrations, agent=agent,
                 reward_uses=uses, accuracy_source=accuracy_source, eval_rows_available=available,
-                eval_fns=eval_fns, fingerprints=fingerprints)
+                eval_fns=eval_fns, fingerprints=fingerprints,
+                curriculum=task if getattr(task, "threshold", 0) else None)
     if log is not None:
         say_system_prompt(config, data, log)
         log(reward_line(data))

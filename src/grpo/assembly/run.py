@@ -136,10 +136,15 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                            engine, log=log)
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
-    stream = PromptStream(data.train_rows, c.run.seed)
+    cur = data.curriculum            # a curriculum's rows follow its level, checkpointed with the stream
+    stream = PromptStream(data.train_rows, c.run.seed,
+                          rows_at=(lambda level: cur.train_rows(c.run.seed, level)) if cur else None,
+                          level=cur.level if cur else 0)
     first, accuracy = 1, math.nan
     if checkpoint is not None:
         state = resume.restore(learner, stream, checkpoint)
+        if cur is not None and stream.level != cur.level:      # resumed past a level raised
+            data.eval_rows = cur.eval_rows(stream.level)[:len(data.eval_rows)]
         first, accuracy = state["step"] + 1, state["accuracy"]
         log(f"resuming from {checkpoint} at step {first}/{c.run.steps}")
     source = group_source(c, learner, tokenizer, data, stream, first, checkpoint, world, log,

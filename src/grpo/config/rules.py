@@ -167,6 +167,13 @@ def unknown_choice(c: dict) -> str | None:
     return None
 
 
+def _curriculum_not_async(c: dict) -> str | None:
+    if (c["task_args"] or {}).get("curriculum") and c["async_steps"]:
+        return ("config key 'task_args': a curriculum changes the rows as held-out accuracy rises, "
+                "and with async_steps the rollout workers hold the rows; use async_steps=0")
+    return None
+
+
 def _distill_needs_a_teacher(c: dict) -> str | None:
     if c["distill"] == "alone" and not c["teacher"]:
         return ("config key 'teacher': distill=alone (algorithm=distill) trains on a teacher's "
@@ -409,6 +416,7 @@ RULES: tuple[Rule, ...] = (
     Rule("distill_choice", _one_of("distill", "add", "alone")),
     Rule("teacher_dtype_choice", _one_of("teacher_dtype", "auto", "float32", "bfloat16", "float16")),
     Rule("distill_needs_a_teacher", _distill_needs_a_teacher),
+    Rule("curriculum_not_async", _curriculum_not_async),
 )
 
 

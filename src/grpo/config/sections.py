@@ -70,8 +70,10 @@ class DataConfig:
     task_args: dict = field(default_factory=dict)
     """Knobs of a reasoning_gym task, a mapping: the task's own configuration fields
     (`{min_terms: 2, max_digits: 1}`; with several tasks, each one's under its name) and grpo's
-    `size` (training rows, 1000), `eval_size` (held-out rows, 200) and `prompt` (the system prompt
-    naming the answer format: one of reasoning-gym's, `default`)."""
+    `size` (training rows, 1000), `eval_size` (held-out rows, 200), `prompt` (the system prompt
+    naming the answer format: one of reasoning-gym's, `default`), and `curriculum: T` with `level`
+    (reasoning-gym's curriculum from that level, 0, raised by one when held-out accuracy reaches
+    T; logged as task/level, checkpointed)."""
     dataset: str = ""
     """A JSONL, Parquet or CSV file (or hub dataset name) of training prompts; overrides `task`."""
     dataset_config: str = ""

@@ -7,17 +7,27 @@ import random
 
 
 class PromptStream:
-    """Endless batches of rows: shuffled by `seed`, reshuffled each pass."""
+    """Endless batches of rows: shuffled by `seed`, reshuffled each pass. With `rows_at` (a
+    curriculum: the rows of a level), `set_level` changes the rows and starts a new pass, and the
+    level is part of the state a checkpoint saves."""
 
-    def __init__(self, rows: list[dict], seed: int):
+    def __init__(self, rows: list[dict], seed: int, rows_at=None, level: int = 0):
         self.rows, self.rng = list(rows), random.Random(seed)
         self.order: list[int] = []
+        self.rows_at, self.level = rows_at, level
+
+    def set_level(self, level: int) -> None:
+        self.rows, self.level, self.order = list(self.rows_at(level)), level, []
 
     def state_dict(self) -> dict:
-        """Where the stream is: the rows left in this pass and the shuffler's state."""
-        return {"order": list(self.order), "rng": self.rng.getstate()}
+        """Where the stream is: the rows left in this pass and the shuffler's state (and the
+        curriculum's level)."""
+        state = {"order": list(self.order), "rng": self.rng.getstate()}
+        return {**state, "level": self.level} if self.rows_at is not None else state
 
     def load_state_dict(self, state: dict) -> None:
+        if self.rows_at is not None and state.get("level", self.level) != self.level:
+            self.set_level(state["level"])
         self.order = list(state["order"])
         self.rng.setstate(state["rng"])
 

@@ -28,7 +28,7 @@ from grpo.config import ConfigError
 
 PREFIX = "reasoning_gym:"
 HELD_OUT_SEED = 10_000
-OWN_KEYS = ("size", "eval_size", "prompt")
+OWN_KEYS = ("size", "eval_size", "prompt", "curriculum", "level")
 MISSING = ("task=reasoning_gym:... needs reasoning-gym, an optional extra: pip install -e '.[tasks]' "
            "(or pip install reasoning-gym)")
 
@@ -88,24 +88,71 @@ class ReasoningGymTask:
                 raise ConfigError(f"config key 'task_args': {stray} name none of the tasks {names}; with "
                                   "several tasks, each one's knobs go under its name")
             self.knobs = {n: dict(args.get(n) or {}) for n in names}
+        self.threshold, self.level, self.max_level = float(own.get("curriculum", 0)), int(own.get("level", 0)), 0
+        if self.threshold:
+            self._curriculum(names)
         for name in names:   # the task's own check of its knobs, now rather than mid-run
             self._dataset(name, seed=0, size=1)
 
-    def _dataset(self, name: str, seed: int, size: int):
+    def _curriculum(self, names: list[str]) -> None:
+        """`curriculum=T`: each task's difficulty follows reasoning-gym's own curriculum, from
+        `level` (0), one level up whenever held-out accuracy reaches T (train.raise_level)."""
+        from reasoning_gym.factory import create_curriculum, has_curriculum
+        if not 0 < self.threshold <= 1:
+            raise ConfigError(f"config key 'task_args': curriculum is the held-out accuracy that raises "
+                              f"the level, in (0, 1]; got {self.threshold:g}")
+        without = [n for n in names if not has_curriculum(n)]
+        if without:
+            raise ConfigError(f"config key 'task_args': curriculum needs reasoning-gym's curriculum for "
+                              f"each task, and {without} have none")
+        self.curricula = {n: create_curriculum(n) for n in names}
+        self.max_level = max(len(a.levels) for c in self.curricula.values() for a in c.attributes.values()) - 1
+        if not 0 <= self.level <= self.max_level:
+            raise ConfigError(f"config key 'task_args': level {self.level} is not one of the "
+                              f"curriculum's 0..{self.max_level}")
+
+    def knobs_at(self, name: str, level: int) -> dict:
+        """The task's knobs at `level`: the curriculum's fields over the user's (the user's alone
+        without a curriculum)."""
+        if not self.threshold:
+            return self.knobs[name]
+        import dataclasses
+        curriculum = self.curricula[name]
+        curriculum.set_global_level(level)      # each attribute at level, or at its highest
+        config = dataclasses.asdict(curriculum.generate_configuration(dict(self.knobs[name])))
+        return {k: v for k, v in config.items() if k not in ("seed", "size")}
+
+    def describe(self, level: int) -> str:
+        """What `level` sets, per task: its curriculum's fields."""
+        parts = []
+        for name, curriculum in self.curricula.items():
+            knobs, fields = self.knobs_at(name, level), []
+            for attr in curriculum.attributes.values():
+                for key in (getattr(attr, "lower_field_name", None), getattr(attr, "upper_field_name", None),
+                            getattr(attr, "field_name", None)):
+                    if key and key in knobs and f"{key} {knobs[key]}" not in fields:
+                        fields.append(f"{key} {knobs[key]}")
+            parts.append(f"{name}: {', '.join(fields)}")
+        return "; ".join(parts)
+
+    def _dataset(self, name: str, seed: int, size: int, level: int = 0):
+        knobs = self.knobs_at(name, level)
         try:
-            return _gym().create_dataset(name, seed=seed, size=size, **self.knobs[name])
+            return _gym().create_dataset(name, seed=seed, size=size, **knobs)
         except (TypeError, ValueError, AssertionError) as e:
             raise ConfigError(f"config key 'task_args': reasoning-gym's {name} refuses "
-                              f"{self.knobs[name]}: {e}") from None
+                              f"{knobs}: {e}") from None
 
-    def _rows(self, seed: int, size: int, exclude: set[str], distinct: bool = False) -> list[dict]:
+    def _rows(self, seed: int, size: int, exclude: set[str], distinct: bool = False,
+              level: int = 0) -> list[dict]:
         """`size` rows drawn by weight from the tasks (each task's items in its index order, from
         a seed of its own), skipping questions in `exclude` (and, `distinct`, any asked already);
         fewer when a task's problems run out."""
         exclude = set(exclude)
         rng = random.Random(seed)
         cap = 2 * (size + len(exclude)) + 16   # items a task may make (some make them all at once)
-        sets = [self._dataset(name, seed=seed * 997 + i, size=cap) for i, (name, _) in enumerate(self.parts)]
+        sets = [self._dataset(name, seed=seed * 997 + i + 7919 * level, size=cap, level=level)
+                for i, (name, _) in enumerate(self.parts)]
         at, rows = [0] * len(sets), []
         weights = [w for _, w in self.parts]
         while len(rows) < size and any(a < cap for a in at):
@@ -121,21 +168,24 @@ class ReasoningGymTask:
             name = self.parts[k][0]
             rows.append({"prompt": entry["question"], "answer": str(entry["answer"]), "rg_task": name,
                          "rg_entry": json.dumps(entry, default=str),
-                         "rg_config": json.dumps(self.knobs[name], default=str)})
+                         "rg_config": json.dumps(self.knobs_at(name, level), default=str)})
         if not rows:
             raise ConfigError(f"config key 'task': {self.name} made no row that is not held out "
                               f"({len(exclude)} held-out questions); lower task_args eval_size, or "
                               "widen the task with its knobs")
         return rows
 
-    def eval_rows(self) -> list[dict]:
-        return self._rows(HELD_OUT_SEED, self.eval_size, exclude=set(), distinct=True)
+    def eval_rows(self, level: int | None = None) -> list[dict]:
+        """The held-out rows (at `level`, the curriculum's; the starting one by default)."""
+        level = self.level if level is None else level
+        return self._rows(HELD_OUT_SEED, self.eval_size, exclude=set(), distinct=True, level=level)
 
-    def train_rows(self, seed: int) -> list[dict]:
+    def train_rows(self, seed: int, level: int | None = None) -> list[dict]:
         """Training rows from the run's `seed` (a seed of their own, never the held-out one's),
-        none asking a held-out row's question."""
-        held = {r["prompt"] for r in self.eval_rows()}
-        return self._rows(seed if seed != HELD_OUT_SEED else -seed, self.size, exclude=held)
+        none asking a held-out row's question (at `level`, as eval_rows)."""
+        level = self.level if level is None else level
+        held = {r["prompt"] for r in self.eval_rows(level)}
+        return self._rows(seed if seed != HELD_OUT_SEED else -seed, self.size, exclude=held, level=level)
 
     def demonstration(self, row: dict) -> str:
         """The answer in the format the system prompt asks for."""
