@@ -267,7 +267,7 @@ def test_get_reward_unknown_name_lists_built_ins():
 def test_get_reward_known_names():
     assert get_reward("math_accuracy") is math_accuracy
     assert set(REWARDS) == {"math_accuracy", "exact_answer", "think_format", "countdown_equation",
-                            "code_tests", "final_answer"}
+                            "code_tests", "final_answer", "reasoning_gym"}
 
 
 def test_final_answer_reads_what_the_model_wrote_after_the_last_tool_result():
