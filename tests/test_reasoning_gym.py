@@ -170,14 +170,15 @@ def test_a_curriculum_sets_the_tasks_knobs_by_level_and_refuses_what_it_cannot()
 
 def test_raising_the_level_changes_the_rows_and_a_stream_resumes_at_its_level():
     from types import SimpleNamespace
-    from grpo.data import PromptStream
     from grpo.run.distributed import World
     from grpo.train import raise_level
+    from grpo.assembly.run import prompt_stream
+    from grpo.config import build_config
     task = get_task("reasoning_gym:basic_arithmetic", {"curriculum": 0.5, "size": 30, "eval_size": 10})
-    stream = PromptStream(task.train_rows(0), 0, rows_at=lambda level: task.train_rows(0, level))
+    data = SimpleNamespace(curriculum=task, train_rows=task.train_rows(0), eval_rows=task.eval_rows()[:8])
+    stream = prompt_stream(build_config({}), data)
     said = []
-    run = SimpleNamespace(data=SimpleNamespace(curriculum=task, eval_rows=task.eval_rows()[:8]),
-                          stream=stream, world=World(), log=said.append)
+    run = SimpleNamespace(data=data, stream=stream, world=World(), log=said.append)
     raise_level(run, 0.4, 10)                     # under the threshold: nothing
     assert stream.level == 0 and said == []
     raise_level(run, 0.5, 20)
@@ -187,9 +188,11 @@ def test_raising_the_level_changes_the_rows_and_a_stream_resumes_at_its_level():
                     "(basic_arithmetic: min_terms 2, max_terms 3, min_digits 1, max_digits 2)"]
     stream.next_batch(7)
     state = stream.state_dict()
-    again = PromptStream(task.train_rows(0), 0, rows_at=lambda level: task.train_rows(0, level))
-    again.load_state_dict(state)
+    fresh = SimpleNamespace(curriculum=task, train_rows=task.train_rows(0), eval_rows=task.eval_rows()[:8])
+    again = prompt_stream(build_config({}), fresh)
+    again.load_state_dict(state)                     # a resumed run: its level, rows and held-out rows
     assert again.level == 1 and again.next_batch(12) == stream.next_batch(12)
+    assert fresh.eval_rows == task.eval_rows(1)[:8]
 
 
 def test_a_run_whose_level_rises_resumes_at_that_level_exactly(tiny_model_dir, tmp_path):

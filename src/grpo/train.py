@@ -239,8 +239,7 @@ def raise_level(run: Run, accuracy: float, step: int) -> None:
     if not distributed.sum_values({"up": float(up)}, run.world)["up"]:
         return
     level = run.stream.level + 1
-    run.stream.set_level(level)
-    run.data.eval_rows = cur.eval_rows(level)[:len(run.data.eval_rows)]
+    run.stream.set_level(level)          # the training and held-out rows (assembly.prompt_stream)
     run.log(f"curriculum: held-out accuracy {accuracy:.3f} reached {cur.threshold:g} at step {step}: "
             f"level {level - 1} -> {level} ({cur.describe(level)})")
 

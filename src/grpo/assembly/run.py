@@ -136,15 +136,10 @@ def assemble(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
                            engine, log=log)
     if c.run.parallel == "fsdp" and not distributed.initialized():
         log("parallel=fsdp shards only under torchrun; this one process trains the whole model")
-    cur = data.curriculum            # a curriculum's rows follow its level, checkpointed with the stream
-    stream = PromptStream(data.train_rows, c.run.seed,
-                          rows_at=(lambda level: cur.train_rows(c.run.seed, level)) if cur else None,
-                          level=cur.level if cur else 0)
+    stream = prompt_stream(c, data)
     first, accuracy = 1, math.nan
     if checkpoint is not None:
-        state = resume.restore(learner, stream, checkpoint)
-        if cur is not None and stream.level != cur.level:      # resumed past a level raised
-            data.eval_rows = cur.eval_rows(stream.level)[:len(data.eval_rows)]
+        state = resume.restore(learner, stream, checkpoint)    # a curriculum's level too
         first, accuracy = state["step"] + 1, state["accuracy"]
         log(f"resuming from {checkpoint} at step {first}/{c.run.steps}")
     source = group_source(c, learner, tokenizer, data, stream, first, checkpoint, world, log,
@@ -169,6 +164,20 @@ class Loaded:
     data: Data
     policy: object
     tokenizer: object
+
+
+def prompt_stream(c: TrainConfig, data: Data) -> PromptStream:
+    """The training rows in the order a run takes them. With a curriculum, the rows of its level,
+    which the stream's checkpointed state carries: a change of level (train.raise_level, or a
+    resumed checkpoint's) makes the training rows and the held-out rows the new level's."""
+    cur = data.curriculum
+    if cur is None:
+        return PromptStream(data.train_rows, c.run.seed)
+
+    def rows_at(level: int) -> list[dict]:
+        data.eval_rows = cur.eval_rows(level)[:len(data.eval_rows)]
+        return cur.train_rows(c.run.seed, level)
+    return PromptStream(data.train_rows, c.run.seed, rows_at=rows_at, level=cur.level)
 
 
 def assemble_command(command: str, config: TrainConfig, *, run_dir: Path | None = None,
