@@ -110,6 +110,8 @@ def test_bad_task_names_and_knobs_are_one_line_naming_the_key(task, args, messag
 
 
 def test_without_the_extra_the_task_says_how_to_install_it(monkeypatch):
+    from grpo.data.tasks.registry import _task
+    _task.cache_clear()                                                 # made anew, as in a fresh process
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)            # import fails
     with pytest.raises(ConfigError, match=r"needs reasoning-gym, an optional extra: pip install -e '\.\[tasks\]'"):
         get_task("reasoning_gym:gcd", {})

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +38,14 @@ TASKS: dict[str, TaskSpec] = {
 
 def get_task(name: str, args: dict | None = None):
     """The task `name` makes: a built-in, or reasoning-gym's (`reasoning_gym:NAME[:WEIGHT],...`,
-    data/tasks/gym.py) with the knobs in `args` (`task_args`), which built-ins take none of."""
+    data/tasks/gym.py) with the knobs in `args` (`task_args`), which built-ins take none of. Made
+    once per name and knobs: prompts are formatted with the task's system prompt at every step."""
+    return _task(name, json.dumps(args or {}, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=16)
+def _task(name: str, args_json: str):
+    args = json.loads(args_json)
     if name.startswith(PREFIX):
         return ReasoningGymTask(name[len(PREFIX):], args)
     if name not in TASKS:
