@@ -61,6 +61,23 @@ def test_several_tasks_are_drawn_by_weight_each_with_its_own_knobs():
     assert all(r["rg_config"] == "{}" for r in rows if r["rg_task"] == "leg_counting")
 
 
+def test_enum_fields_take_their_words_as_yaml_gives_them_and_the_reward_reads_them_back():
+    # aiw's task_types is a list of TaskType members; YAML and the command line give words
+    task = get_task("reasoning_gym:aiw", {"task_types": ["siblings"], "task_type_weights": [1.0],
+                                          "size": 30, "eval_size": 10})
+    rows = task.train_rows(0)
+    assert {json.loads(r["rg_entry"])["metadata"]["task_type"] for r in rows} == {"siblings"}
+    assert json.loads(rows[0]["rg_config"])["task_types"] == ["siblings"]
+    columns = {k: [r[k] for r in rows[:3]] for k in ("rg_task", "rg_config", "rg_entry")}
+    right = [f"<answer>{r['answer']}</answer>" for r in rows[:3]]
+    wrong = [f"<answer>{int(r['answer']) + 1}</answer>" for r in rows[:3]]
+    assert reasoning_gym([r["prompt"] for r in rows[:3]], right, **columns) == [1.0] * 3
+    assert reasoning_gym([r["prompt"] for r in rows[:3]], wrong, **columns) == [0.0] * 3
+    with pytest.raises(ConfigError, match=r"reasoning-gym's aiw has no task_types 'cousins'; it takes "
+                                          r"\['siblings', 'friends', 'colleagues'\]"):
+        get_task("reasoning_gym:aiw", {"task_types": ["cousins"], "task_type_weights": [1.0]})
+
+
 def completions_for(rows):
     """Right, wrong, missing, contained (partial credit), several tags, a tag left open, spaces."""
     a = [r["answer"] for r in rows]

@@ -90,7 +90,9 @@ def _gym_dataset(task: str, config_json: str):
         import json
 
         import reasoning_gym
-        _GYM_DATASETS[key] = reasoning_gym.create_dataset(task, seed=0, size=1, **json.loads(config_json))
+        from grpo.data.tasks.gym import typed_knobs
+        knobs = typed_knobs(task, json.loads(config_json))     # enum fields travel as their values
+        _GYM_DATASETS[key] = reasoning_gym.create_dataset(task, seed=0, size=1, **knobs)
     return _GYM_DATASETS[key]
 
 

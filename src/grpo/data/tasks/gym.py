@@ -41,6 +41,46 @@ def _gym():
     return reasoning_gym
 
 
+def typed_knobs(name: str, knobs: dict) -> dict:
+    """Words for a task's enum fields, as YAML and the command line give them, made the enum
+    members its configuration holds (aiw's `task_types: [siblings]` -> [TaskType.SIBLINGS]); a word
+    that names no member is one line naming the task, the field and the members."""
+    import enum
+    import typing
+    from reasoning_gym.factory import DATASETS
+    try:
+        hints = typing.get_type_hints(DATASETS[name][1])
+    except Exception:       # a configuration whose annotations do not resolve: its own check decides
+        return dict(knobs)
+
+    def member(kind, field, value):
+        if not isinstance(value, str):
+            return value
+        for m in kind:
+            if value in (m.value, m.name) or value.lower() in (str(m.value).lower(), m.name.lower()):
+                return m
+        raise ConfigError(f"config key 'task_args': reasoning-gym's {name} has no {field} {value!r}; "
+                          f"it takes {[m.value for m in kind]}")
+
+    out = {}
+    for field, value in knobs.items():
+        hint = hints.get(field)
+        args = typing.get_args(hint)
+        inner = args[0] if args and typing.get_origin(hint) in (list, tuple, set) else None
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            value = member(hint, field, value)
+        elif isinstance(inner, type) and issubclass(inner, enum.Enum) and isinstance(value, (list, tuple)):
+            value = type(value)(member(inner, field, v) for v in value)
+        out[field] = value
+    return out
+
+
+def _plain(value):
+    """JSON for what a task's entry or configuration holds: an enum member as its value."""
+    import enum
+    return value.value if isinstance(value, enum.Enum) else str(value)
+
+
 def parse_spec(spec: str) -> list[tuple[str, float]]:
     """'a:2,b' -> [('a', 2.0), ('b', 1.0)]; each name checked against reasoning-gym's list."""
     from reasoning_gym.factory import DATASETS
@@ -81,13 +121,13 @@ class ReasoningGymTask:
         self.system_prompt = prompts[own.get("prompt", "default")]
         names = [n for n, _ in self.parts]
         if len(names) == 1:
-            self.knobs = {names[0]: args}
+            self.knobs = {names[0]: typed_knobs(names[0], args)}
         else:
             stray = sorted(set(args) - set(names))
             if stray:
                 raise ConfigError(f"config key 'task_args': {stray} name none of the tasks {names}; with "
                                   "several tasks, each one's knobs go under its name")
-            self.knobs = {n: dict(args.get(n) or {}) for n in names}
+            self.knobs = {n: typed_knobs(n, dict(args.get(n) or {})) for n in names}
         self.threshold, self.level, self.max_level = float(own.get("curriculum", 0)), int(own.get("level", 0)), 0
         if self.threshold:
             self._curriculum(names)
@@ -167,8 +207,8 @@ class ReasoningGymTask:
                 exclude.add(entry["question"])
             name = self.parts[k][0]
             rows.append({"prompt": entry["question"], "answer": str(entry["answer"]), "rg_task": name,
-                         "rg_entry": json.dumps(entry, default=str),
-                         "rg_config": json.dumps(self.knobs_at(name, level), default=str)})
+                         "rg_entry": json.dumps(entry, default=_plain),
+                         "rg_config": json.dumps(self.knobs_at(name, level), default=_plain)})
         if not rows:
             raise ConfigError(f"config key 'task': {self.name} made no row that is not held out "
                               f"({len(exclude)} held-out questions); lower task_args eval_size, or "
