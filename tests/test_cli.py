@@ -81,11 +81,15 @@ def test_the_example_recipes_are_valid_configs():
     from pathlib import Path
     from grpo.config import load_config
     recipes = sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml"))
-    assert len(recipes) == 3
+    assert len(recipes) == 4
     for path in recipes:
         config = load_config(str(path))
-        if path.name == "agent-calculator.yaml":       # the CPU demo
+        if path.name == "agent-calculator.yaml":       # the CPU demos
             assert config.data.task == "calculator" and config.model.model == "tiny"
+            continue
+        if path.name == "reasoning-gym-aiw.yaml":
+            assert config.data.task == "reasoning_gym:aiw" and config.model.model == "tiny"
+            assert config.data.task_args["task_types"] == ["siblings"]
             continue
         assert config.sampling.sampler == "vllm" and config.compute_dtype == "bfloat16", path
         assert config.model.dtype == "float32", path     # AdamW's 1e-6 steps round away in bf16

@@ -386,3 +386,31 @@ def test_sampler_vllm_under_torchrun_is_refused_in_one_line_before_any_work(tmp_
                               "inside each trainer process, and this run has 2")
     assert "grpo launch --nproc-per-node 2" in said[0]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_lost_peer_is_one_line_naming_it(monkeypatch):
+    """What gloo raises when a peer dies or goes silent, as the one line `grpo train` ends with
+    (tests/test_nodes.py shows it on two machines)."""
+    from grpo.run import distributed
+    from grpo.step import TrainingError
+    monkeypatch.setattr(distributed, "PEERS", [("node-a", "10.0.0.1"), ("node-b", "10.0.0.2"),
+                                               ("node-c", "10.0.0.3"), 15.0])
+    then = ("Every process stops; once all machines are back, start every process again with "
+            "resume=auto (the last checkpoint is kept)")
+    closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                          "[10.0.0.3]:47260. This is typically caused by a remote worker crashing.")
+    assert distributed.lost_peer(closed) == (
+        "process 0 on node-a lost its peers: process 2 on node-c (10.0.0.3) closed its connection: it "
+        f"stopped, or its machine did. {then}")
+    reset = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+    assert distributed.lost_peer(reset) == (
+        "process 0 on node-a lost its peers: one of process 1 on node-b (10.0.0.2), process 2 on node-c "
+        f"(10.0.0.3) closed its connection: it stopped, or its machine did. {then}")
+    silent = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                          "waiting 15000ms for recv operation to complete")
+    assert distributed.lost_peer(silent) == (
+        "process 0 on node-a lost its peers: no answer from process 1 on node-b (10.0.0.2), process 2 on "
+        "node-c (10.0.0.3) within 15 s (collective_timeout_s): a machine cut off from the network, "
+        f"stopped or stuck. {then}")
+    assert distributed.lost_peer(RuntimeError("shape mismatch in gloo's buffer")) is None
+    assert distributed.lost_peer(TrainingError("gloo: the reward timed out")) is None   # not torch's own

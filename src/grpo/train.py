@@ -136,7 +136,7 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
     The run holds output_dir's lock throughout (checkpoint.RunLock): another run on the same
     directory is refused, naming this one. A full disk or a read-only file system is a
     TrainingError naming the file and the newest checkpoint, which is intact."""
-    world = distributed.setup()
+    world = distributed.setup(config.run.collective_timeout_s)
     run_dir = Path(config.run.output_dir)
     try:
         with run_lock(run_dir, world, take=write_files), storage_faults_said(run_dir), \
@@ -144,6 +144,10 @@ def train(config: TrainConfig, *, reward_fns: list[RewardFn] | None = None,
             return _train(config, reward_fns=reward_fns, tools=tools, environment=environment,
                           dataset=dataset, eval_dataset=eval_dataset, model=model,
                           tokenizer=tokenizer, engine=engine, log=log, write_files=write_files)
+    except RuntimeError as e:
+        if (lost := distributed.lost_peer(e)) is None:
+            raise
+        raise TrainingError(lost) from None
     finally:
         distributed.teardown()
 

@@ -44,6 +44,7 @@ FOREIGN_KEYS = {
     "ref_model_mixup_alpha": "ref_update_rate", "epsilon_low": "epsilon", "target_modules":
     "lora_target_modules", "sapo_temperature_pos": "sapo_tau_pos", "sapo_temperature_neg":
     "sapo_tau_neg", "vllm_server_base_url": "vllm_url",
+    "ddp_timeout": "collective_timeout_s",
     "vllm_importance_sampling_clip_max": "correction_cap",
     "num_train_epochs": "has no equivalent here: steps counts GRPO steps of prompts_per_step "
                         "prompts each (an epoch of the dataset is its rows / prompts_per_step steps)",

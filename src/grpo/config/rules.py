@@ -124,6 +124,7 @@ BOUNDS: dict[str, Bound] = {
     "async_steps": _COUNT,
     "rollout_workers": _COUNT,
     "transfer_timeout_s": _ABOVE_0,
+    "collective_timeout_s": _ABOVE_0,
     "trainer_threads": _COUNT,
     "worker_threads": _COUNT,
     "worker_restarts": _COUNT,

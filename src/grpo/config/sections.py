@@ -470,6 +470,11 @@ class RunConfig:
     parallel: str = "ddp"
     """With several processes (torchrun): `ddp` keeps a whole model on every process and sums
     gradients; `fsdp` shards parameters, gradients and optimizer state with FSDP2 (fully_shard)."""
+    collective_timeout_s: float = 1800.0
+    """With several processes (torchrun): the longest one process waits in a collective (an
+    all-reduce, a gather, a barrier) for the others. A machine cut off from the network, stopped or
+    stuck shows as this wait; the process then stops in one line naming the processes it waited
+    for. torch's own default, 30 minutes."""
 
 
 @dataclass(frozen=True)

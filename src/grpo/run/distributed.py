@@ -52,18 +52,75 @@ class World:
         return slice(start, start + n + (self.rank < extra))
 
 
-def setup() -> World:
-    """Join the process group torchrun describes in the environment; a single process otherwise."""
+def setup(timeout_s: float | None = None) -> World:
+    """Join the process group torchrun describes in the environment (each collective waiting at
+    most `timeout_s`, torch's default when None); a single process otherwise. Every process
+    learns where the others run (`PEERS`), to name them if they are lost."""
     if "WORLD_SIZE" not in os.environ:   # not under torchrun
         return World()
+    import datetime
+
     import torch.distributed as dist
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        wait = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", **wait)
         global _joined
         _joined = True
+        PEERS[:] = [None] * dist.get_world_size()
+        dist.all_gather_object(PEERS, where_i_run())
+        PEERS.append(timeout_s)
     return World(rank=dist.get_rank(), size=dist.get_world_size())
+
+
+PEERS: list = []   # (host name, address) of each rank, then the collective timeout
+
+
+def where_i_run() -> tuple[str, str]:
+    """This machine's host name, and its address on the way to the rendezvous (MASTER_ADDR): the
+    one its peers see, not 127.0.1.1 from its own /etc/hosts."""
+    import socket
+    host, address = socket.gethostname(), "?"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # no packet is sent
+            s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "1"))))
+            address = s.getsockname()[0]
+    except OSError:
+        pass
+    return host, address
+
+
+def lost_peer(error: BaseException) -> str | None:
+    """One line for a collective that failed because other processes went away (a peer closed
+    its connection: it died; no answer within collective_timeout_s: its machine was cut off,
+    stopped or stuck), naming them; None for any other error."""
+    import re
+    import torch.distributed as dist
+    text = str(error)
+    from_torch = type(error) is RuntimeError or isinstance(error, getattr(dist, "DistError", ()))
+    if not PEERS or not from_torch or not re.search(r"gloo|nccl|NCCL|c10d", text):
+        return None
+    me = dist.get_rank() if dist.is_initialized() else 0
+    peers, timeout_s = PEERS[:-1], PEERS[-1]
+    named = lambda r: f"process {r} on {peers[r][0]} ({peers[r][1]})"   # noqa: E731
+    closed = re.search(r"(?:Connection closed by peer|Connection reset by peer|Broken pipe)"
+                       r"(?: \[([^\]]+)\])?", text)
+    if closed:
+        by = ([r for r, (_, address) in enumerate(peers) if address == closed.group(1)] if closed.group(1)
+              else [r for r in range(len(peers)) if r != me])   # gloo did not say: any other
+        who = (named(by[0]) if len(by) == 1 else "one of " + ", ".join(map(named, by)) if by
+               else f"a process at {closed.group(1)}")
+        what = f"{who} closed its connection: it stopped, or its machine did"
+    elif re.search(r"[Tt]imed? ?out|Timeout", text):
+        others = ", ".join(named(r) for r in range(len(peers)) if r != me)
+        limit = f"{timeout_s:g} s (collective_timeout_s)" if timeout_s else "torch's timeout"
+        what = f"no answer from {others} within {limit}: a machine cut off from the network, stopped or stuck"
+    else:
+        return None
+    host = peers[me][0] if me < len(peers) else "?"
+    return (f"process {me} on {host} lost its peers: {what}. Every process stops; once all machines "
+            "are back, start every process again with resume=auto (the last checkpoint is kept)")
 
 
 def _device() -> torch.device:
