@@ -211,3 +211,16 @@ def test_weights_for_a_server_are_one_whole_file_cast_where_they_are_with_tied_w
         with pytest.raises(EngineError, match=r"^vllm_weights_dir: version 2's weights need 1 MiB "
                                               r"in /where/given, which has 1 MiB free"):
             write_weights(weights, str(tmp_path), None, "version 2's weights", "/where/given")
+
+
+def test_a_server_elsewhere_without_a_shared_weights_dir_is_named():
+    """A server reads each weight version by path: one on another machine needs vllm_weights_dir
+    on a shared file system (tests/test_nodes.py runs it on two machines). 192.0.2.7 is a
+    documentation address, no machine's here."""
+    from grpo.sampling.vllm_server import on_this_machine, unshared_weights
+    assert on_this_machine("127.0.0.1") and on_this_machine("localhost") and on_this_machine(None)
+    assert not on_this_machine("192.0.2.7")
+    assert unshared_weights(["http://127.0.0.1:8000", "http://localhost:8001"], "") is None
+    assert unshared_weights(["http://192.0.2.7:8000"], "/shared/weights") is None
+    assert unshared_weights(["http://127.0.0.1:8000", "http://192.0.2.7:8000"], "").startswith(
+        "config key 'vllm_weights_dir': the vLLM server at http://192.0.2.7:8000 runs on another machine")

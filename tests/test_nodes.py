@@ -199,3 +199,24 @@ def test_a_node_cut_off_mid_run_stops_both_within_the_timeout_naming_the_peer(mo
             r"stopped or stuck\. Every process stops; .*resume=auto.*", lines[0]), text[-3000:]
         assert "[rank" not in text, text[-3000:]                       # no process's traceback
     assert min(said) >= 15                                             # not before the timeout
+
+
+def test_a_server_on_another_node_needs_a_shared_weights_dir_and_is_refused_in_one_line_without(model, tmp_path):
+    """From node a, node a's own name and address are this machine, node b's are another's; a
+    trainer on node a pointed at a server on node b, with the weights going through node a's
+    /dev/shm (no vllm_weights_dir), stops before any work in one line naming the missing shared
+    file system. Nothing listens on node b: the check needs no server."""
+    with Nodes(2, tmp_path / "nodes", keep=[ROOT, Path(sys.prefix)], seed=[*SEEDED]) as (a, b):
+        seen = a.run([sys.executable, "-c", "from grpo.sampling.vllm_server import on_this_machine as m; "
+                      "print([m(h) for h in ('node-a', '10.77.0.1', 'localhost', 'node-b', '10.77.0.2')])"],
+                     timeout=60)
+        assert seen.stdout.strip() == "[True, True, True, False, False]", seen.stderr[-2000:]
+        done = a.run([sys.executable, "-m", "grpo", "train", f"model={model}", "sampler=vllm_server",
+                      "vllm_url=http://node-b:8000", "steps=1", "output_dir=/tmp/run"], timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "grpo train: error: config key 'vllm_weights_dir': the vLLM server at http://node-b:8000 runs on "
+        "another machine, and a server reads each weight version from a file by its path, written under "
+        "/dev/shm unless vllm_weights_dir is set: this machine's own. Set vllm_weights_dir to a directory "
+        "on a file system this machine and the servers' share, at the same path")
+    assert not a.own("/tmp/run").exists()                               # before any work

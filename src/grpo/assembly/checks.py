@@ -107,13 +107,18 @@ def note_unused_server(c: TrainConfig, log) -> None:
 
 def check_engine(config: TrainConfig, engine=None) -> None:
     """`sampler=vllm` needs vLLM importable here (found at start, not after the cold start), or
-    an engine given from Python (with async_steps the pipeline's client samples on it)."""
+    an engine given from Python (with async_steps the pipeline's client samples on it);
+    `sampler=vllm_server` with a server on another machine, a weights directory they share."""
     if engine is not None:
         if config.sampling.sampler == "hf":
             raise ConfigError("config key 'sampler': an engine was given (train(engine=...)), and "
                         "sampler=hf samples from the policy itself: set sampler=vllm")
         return
-    if config.sampling.sampler != "vllm":   # vllm_server: HTTP, nothing to import
+    if config.sampling.sampler == "vllm_server":    # HTTP, nothing to import; the weights by path
+        from grpo.sampling.vllm_server import unshared_weights
+        if (why := unshared_weights(config.sampling.vllm_url, config.sampling.vllm_weights_dir)):
+            raise ConfigError(why)
+    if config.sampling.sampler != "vllm":
         return
     from grpo.sampling.vllm import VLLMUnavailable, import_vllm
     try:

@@ -75,6 +75,41 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
                           f"not JSON: {text[:200]!r}") from None
 
 
+def on_this_machine(host: str | None) -> bool:
+    """True when `host` names this machine: a loopback address or one of its own (an address a
+    socket here can bind). A name that does not resolve counts as this machine's: the connection
+    says what is wrong with it."""
+    import ipaddress
+    try:
+        found = socket.getaddrinfo(host or "localhost", None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return True
+    for family, _, _, _, address in found:
+        if ipaddress.ip_address(address[0].split("%")[0]).is_loopback:
+            return True
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((address[0], 0))
+                return True
+            except OSError:
+                pass
+    return False
+
+
+def unshared_weights(urls: list[str], weights_dir: str) -> str | None:
+    """Why the weights cannot reach the servers of `urls`, or None: a server reads each version
+    from a file by path, so one on another machine needs `vllm_weights_dir` on a file system both
+    machines see at the same path (the default, /dev/shm, is this machine's own)."""
+    from urllib.parse import urlparse
+    elsewhere = [u for u in urls if not on_this_machine(urlparse(u).hostname)]
+    if not elsewhere or weights_dir:
+        return None
+    return (f"config key 'vllm_weights_dir': the vLLM server at {elsewhere[0]} runs on another machine, "
+            "and a server reads each weight version from a file by its path, written under /dev/shm "
+            "unless vllm_weights_dir is set: this machine's own. Set vllm_weights_dir to a directory "
+            "on a file system this machine and the servers' share, at the same path")
+
+
 WEIGHTS_PREFIX = "grpo-weights-"
 
 
