@@ -638,6 +638,40 @@ def test_grpo_launch_runs_the_readmes_command(tmp_path):
     assert weights_files() == files_before          # the weights it sent to the server: removed
 
 
+def test_grpo_launch_with_two_servers_gives_each_its_port_cores_and_log_and_trains_on_both(tmp_path):
+    """--servers 2 on this machine's two cores: two servers, on ports P and P+1, each pinned to a
+    core of its own with its own log; the trainer, given both (Engines shares the requests out),
+    samples with its own weights; both servers stopped after."""
+    import re
+    from grpo.commands.launch import free_port, shares
+    if len(shares(2)) != 2 or len({tuple(s["cores"]) for s in shares(2)}) != 2:
+        pytest.skip("needs 2 CPU cores")
+    port = free_port()
+    while True:                     # P and P + 1 both free
+        try:
+            from grpo.commands.launch import check_port_free
+            check_port_free(port + 1)
+            break
+        except Exception:
+            port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([sys.executable, "-m", "grpo", "launch", "model=tiny", "steps=2", "sft_steps=10",
+                           "eval_every=0", "save_every=0", f"output_dir={tmp_path / 'run'}", "--port", str(port),
+                           "--servers", "2"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    started = re.findall(r"starting vllm serve \S+ on http://127\.0\.0\.1:(\d+) \(pid (\d+), cores ([\d,]+), "
+                         r"log: (\S+)\)", done.stderr)
+    assert [int(p) for p, _, _, _ in started] == [port, port + 1], done.stderr[-3000:]
+    assert len({cores for _, _, cores, _ in started}) == 2          # a core set each
+    assert "the servers are healthy; training" in done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["sampler/logp_diff"] < 1e-4 for r in rows)
+    for p, pid, _, _ in started:
+        assert not Path(f"/proc/{pid}").exists()                     # each server stopped
+        left = [q for q in Path("/proc").iterdir() if q.name.isdigit() and f"--port\0{p}\0".encode() in _cmdline(q)]
+        assert left == []
+
+
 def _cmdline(proc: Path) -> bytes:
     try:
         return (proc / "cmdline").read_bytes()

@@ -100,14 +100,14 @@ def cmd_train(args: list[str], options: dict) -> None:
 def cmd_launch(args: list[str], options: dict) -> None:
     from grpo.commands.launch import launch
     numbers = {}
-    for flag, least in (("nproc-per-node", 1), ("port", 1)):
+    for flag, least in (("nproc-per-node", 1), ("port", 1), ("servers", 1)):
         value = options.get(flag)
         if value is not None and (not value.isdigit() or int(value) < least):
             raise UsageError(f"--{flag} takes a whole number of at least {least}, got {value!r}")
         numbers[flag] = int(value) if value is not None else None
     path, overrides = _checked_args(args)
     code = launch(path, overrides, nproc=numbers["nproc-per-node"] or 1, port=numbers["port"],
-                  say=to_stderr)
+                  say=to_stderr, servers=numbers["servers"] or 1)
     if code:
         sys.exit(code)
 
@@ -274,13 +274,16 @@ COMMANDS: dict[str, Command] = {
          "run": {"sft_steps", "sft_lr", "sft_batch_size", "seed", "threads", "algorithm"},
          "agent": ALL}),
     "launch": Command(cmd_launch, "grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N] "
-                                  "[--port P]",
+                                  "[--port P] [--servers N]",
                       "A vLLM server and the trainer on it, in one command: starts `vllm serve` "
                       "with the flags the run needs, waits until it is healthy, runs grpo train "
                       "with sampler=vllm_server (under torchrun with --nproc-per-node), and stops "
                       "the server when the run ends or fails. Exits with the trainer's status.",
                       {"--nproc-per-node": ("N", "trainer processes, under torchrun (default 1)"),
-                       "--port": ("P", "the server's port on 127.0.0.1 (default: a free one)"),
+                       "--port": ("P", "the server's port on 127.0.0.1 (default: a free one); "
+                                       "with --servers N, the first of N"),
+                       "--servers": ("N", "vLLM servers, each on its own port, with its own log and "
+                                          "an equal share of the GPUs, or of the CPU cores (default 1)"),
                        **PRINT_CONFIG}, EVERY_KEY),
     "report": Command(cmd_report, "grpo report RUN_DIR [RUN_DIR ...] [--out DIR]",
                       "An HTML report with plots and a completion browser for a run directory "

