@@ -248,3 +248,28 @@ def test_a_vllm_url_without_sampler_vllm_server_is_said_not_ignored(tiny_model_d
                         "output_dir": str(tmp_path)}), log=lines.append)
     assert ("note: vllm_url is read with sampler=vllm_server only; this run samples with sampler=hf "
             "(add sampler=vllm_server to sample on the server)") in lines
+
+
+def test_several_servers_share_the_cores_out_and_more_servers_than_cores_is_one_line(monkeypatch, tmp_path):
+    """--servers N on a CPU: each server an equal part of the cores launch may use (pinned, and
+    vLLM's OpenMP threads bound there); more servers than cores refused before anything starts."""
+    import os
+    from grpo.commands import launch
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert launch.shares(1) == [{"env": {}, "cores": None, "flags": []}]        # one: the whole machine
+    two = launch.shares(2)
+    assert [s["cores"] for s in two] == [[0, 1], [2, 3]]
+    assert [s["env"] for s in two] == [{"VLLM_CPU_OMP_THREADS_BIND": "0,1"}, {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}]
+    with pytest.raises(LaunchError, match=r"^--servers 6: launch may use 5 CPU cores here, fewer than one per server$"):
+        launch.shares(6)
+    monkeypatch.undo()
+    many = os.cpu_count() + 1
+    done = subprocess.run([sys.executable, "-m", "grpo", "launch", "model=tiny", f"output_dir={tmp_path / 'r'}",
+                           "--servers", str(many)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(f"grpo launch: error: --servers {many}: launch may use ")
+    assert not (tmp_path / "r").exists()
+    zero = subprocess.run([sys.executable, "-m", "grpo", "launch", "--servers", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert zero.returncode != 0 and "--servers takes a whole number of at least 1, got '0'" in zero.stderr
