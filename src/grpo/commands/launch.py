@@ -294,8 +294,9 @@ def launch(path: str | None, overrides: list[str], nproc: int = 1, port: int | N
         if done == 0:
             shutil.rmtree(work, ignore_errors=True)
         else:          # a failed or interrupted run: the servers' logs stay, for what they say
-            say(f"grpo launch: the servers' logs (and the model they served, where launch built one) "
-                f"kept in {work}; remove it when read")
+            what = ("the server's log (and the model it served" if servers == 1
+                    else "the servers' logs (and the model they served")
+            say(f"grpo launch: {what}, where launch built one) kept in {work}; remove it when read")
 
 
 PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
