@@ -394,7 +394,8 @@ def test_a_lost_peer_is_one_line_naming_it(monkeypatch):
     from grpo.run import distributed
     from grpo.step import TrainingError
     monkeypatch.setattr(distributed, "PEERS", [("node-a", "10.0.0.1"), ("node-b", "10.0.0.2"),
-                                               ("node-c", "10.0.0.3"), 15.0])
+                                               ("node-c", "10.0.0.3")])
+    monkeypatch.setattr(distributed, "COLLECTIVE_TIMEOUT_S", 15.0)
     then = ("Every process stops; once all machines are back, start every process again with "
             "resume=auto (the last checkpoint is kept)")
     closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

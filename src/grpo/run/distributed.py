@@ -70,11 +70,13 @@ def setup(timeout_s: float | None = None) -> World:
         _joined = True
         PEERS[:] = [None] * dist.get_world_size()
         dist.all_gather_object(PEERS, where_i_run())
-        PEERS.append(timeout_s)
+        global COLLECTIVE_TIMEOUT_S
+        COLLECTIVE_TIMEOUT_S = timeout_s
     return World(rank=dist.get_rank(), size=dist.get_world_size())
 
 
-PEERS: list = []   # (host name, address) of each rank, then the collective timeout
+PEERS: list[tuple[str, str]] = []   # (host name, address) of each rank
+COLLECTIVE_TIMEOUT_S: float | None = None
 
 
 def where_i_run() -> tuple[str, str]:
@@ -102,7 +104,7 @@ def lost_peer(error: BaseException) -> str | None:
     if not PEERS or not from_torch or not re.search(r"gloo|nccl|NCCL|c10d", text):
         return None
     me = dist.get_rank() if dist.is_initialized() else 0
-    peers, timeout_s = PEERS[:-1], PEERS[-1]
+    peers, timeout_s = PEERS, COLLECTIVE_TIMEOUT_S
     named = lambda r: f"process {r} on {peers[r][0]} ({peers[r][1]})"   # noqa: E731
     closed = re.search(r"(?:Connection closed by peer|Connection reset by peer|Broken pipe)"
                        r"(?: \[([^\]]+)\])?", text)
