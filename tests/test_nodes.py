@@ -207,7 +207,7 @@ def test_a_server_on_another_node_needs_a_shared_weights_dir_and_is_refused_in_o
     /dev/shm (no vllm_weights_dir), stops before any work in one line naming the missing shared
     file system. Nothing listens on node b: the check needs no server."""
     with Nodes(2, tmp_path / "nodes", keep=[ROOT, Path(sys.prefix)], seed=[*SEEDED]) as (a, b):
-        seen = a.run([sys.executable, "-c", "from grpo.sampling.vllm_server import on_this_machine as m; "
+        seen = a.run([sys.executable, "-c", "from grpo.run.distributed import on_this_machine as m; "
                       "print([m(h) for h in ('node-a', '10.77.0.1', 'localhost', 'node-b', '10.77.0.2')])"],
                      timeout=60)
         assert seen.stdout.strip() == "[True, True, True, False, False]", seen.stderr[-2000:]

@@ -301,13 +301,14 @@ def test_lora_on_an_engine_that_takes_adapters_sends_the_adapter_alone(engine_mo
 
 # ---------------------------------------------------------------- vLLM as a server
 
-def start_server(model_dir, port: int, log_path):
-    """`vllm serve` as grpo launch starts it (commands/launch.py), in a process group of its own."""
+def start_server(model_dir, port: int, log_path, lora_r: int = 0):
+    """`vllm serve` as grpo launch starts it (commands/launch.py) for a run with `lora_r`, in a
+    process group of its own."""
     from types import SimpleNamespace
-    from grpo.commands.launch import server_command
+    from grpo.commands.launch import server_command, serve_env
     config = build_config({"model": str(model_dir), "dtype": "float32",
-                           "vllm_gpu_memory_utilization": 0.1})
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+                           "vllm_gpu_memory_utilization": 0.1, "lora_r": lora_r})
+    env = {**os.environ, **serve_env(lora_r), "VLLM_CPU_KVCACHE_SPACE": "1"}
     command = server_command(config, str(model_dir), port) + ["--max-model-len", "512"]
     log = open(log_path, "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -679,6 +680,59 @@ def _cmdline(proc: Path) -> bytes:
         return b""
 
 
+# ---------------------------------------------------------------- LoRA on servers
+
+def test_lora_on_a_server_takes_the_base_once_and_then_the_adapter_alone(engine_model_dir, tmp_path):
+    """A server started as grpo launch starts it for a LoRA run (--enable-lora, adapters loaded
+    at run time): the trainer sends the whole weights once, then after each update the adapter
+    alone (/v1/load_lora_adapter), which the server samples with (the log-probs are the
+    trainer's); each old adapter is unloaded, and the adapters' files are removed at the end.
+    The same on two trainer processes with async_steps=1 (process 0 sends, both sample with the
+    version's adapter) equals one process."""
+    import urllib.request
+    from grpo.commands.launch import free_port, stop
+    from grpo.sampling.vllm_server import adapter_name
+    server = healthy(start_server(engine_model_dir, free_port(), tmp_path / "vllm.log", lora_r=4))
+    files_before = weights_files()
+    try:
+        done = grpo_train(engine_model_dir, [server.url], tmp_path / "one", "lora_r=4", "lr=0.05",
+                          "steps=3", "async_steps=0")
+        with urllib.request.urlopen(server.url + "/v1/models", timeout=10) as r:
+            listed = [m["id"] for m in json.loads(r.read())["data"]]
+        log = (tmp_path / "vllm.log").read_text()
+        grpo_train(engine_model_dir, [server.url], tmp_path / "async", "lora_r=4", "lr=0.05", "steps=3")
+        grpo_train(engine_model_dir, [server.url], tmp_path / "two", "lora_r=4", "lr=0.05", "steps=3",
+                   torchrun=2)
+    finally:
+        stop(server.process)
+    rows = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert "merged weights" not in done.stderr, done.stderr[-2000:]
+    assert len(re.findall(r"POST /collective_rpc", log)) == 1            # the base, once
+    loaded = re.findall(r"Loaded new LoRA adapter: name '([^']+)'", log)
+    assert loaded == [adapter_name(v) for v in range(4)], loaded        # at start, after each update
+    assert listed[1:] == [adapter_name(3)]                              # the last alone is kept
+    assert max(r["sampler/logp_diff"] for r in rows) < 1e-4, [r["sampler/logp_diff"] for r in rows]
+    assert max(r["kl"] for r in rows) > 0                               # the adapter moved the policy
+    one, two = repeatable(tmp_path / "async"), repeatable(tmp_path / "two")
+    assert [r["step"] for r in two] == [1, 2, 3] and len(one) == 3
+    for x, y in zip(one, two):
+        assert not [k for k in x if x[k] != pytest.approx(y[k], rel=1e-5, abs=1e-6)], x["step"]
+    assert weights_files() - files_before == set()                      # nor its adapters' files
+
+
+def test_lora_on_a_server_without_adapters_sends_the_merged_weights_and_says_why(
+        session_server, engine_model_dir, tmp_path):
+    """A server started without --enable-lora: the run still samples its own policy (the
+    adapter merged into the whole weights at each update) and says why in one line."""
+    done = grpo_train(engine_model_dir, [session_server.url], tmp_path / "run", "lora_r=4", "steps=2",
+                      "async_steps=0")
+    assert ("LoRA: the merged weights go to the servers at every update, not the adapter alone: "
+            f"the vLLM server at {session_server.url} was started without --enable-lora "
+            "--max-lora-rank 8") in done.stderr + done.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and max(r["sampler/logp_diff"] for r in rows) < 1e-4
+
+
 # ---------------------------------------------------------------- async_steps on servers
 
 ASYNC = ["sampler=vllm_server", "async_steps=1", "steps=5", "sft_steps=0", "prompts_per_step=4",
@@ -858,7 +912,7 @@ def test_trainers_on_two_nodes_and_servers_on_two_others_equal_one_process_on_on
     test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process has it)."""
     from nodes import Nodes, unavailable
     from test_distributed import REWARD
-    from grpo.sampling.vllm_server import serve_command
+    from grpo.commands.launch import serve_command
     if unavailable():
         pytest.skip(f"no nodes here: {unavailable()}")
     grpo_train(engine_model_dir, [session_server.url], tmp_path / "one", "steps=3")

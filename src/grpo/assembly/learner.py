@@ -168,9 +168,13 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
                 for left in sweep_weights(s.vllm_weights_dir or "/dev/shm"):
                     log(f"removed the weights a run no longer running left: {left}")
             servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s, dtype=c.compute_dtype,
-                                        weights_dir=s.vllm_weights_dir or None) for url in s.vllm_url]
+                                        weights_dir=s.vllm_weights_dir or None, lora_rank=c.model.lora_r)
+                       for url in s.vllm_url]
         except EngineError as e:
             raise ConfigError(f"config key 'vllm_url': {e}") from None
+        for why in {e.merged_why for e in servers if e.merged_why and world.is_main}:
+            log(f"LoRA: the merged weights go to the servers at every update, not the adapter "
+                f"alone: {why}")
         if meet is None and world.size > 1:     # in `world`'s group (the clients' own, async)
             def meet(up):
                 return distributed.gather_objects(up, world)
@@ -191,5 +195,9 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
     if agent is not None:
         sampler.call_format = call_format_of(c, tokenizer, agent)
     if sync:
-        sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
+        try:
+            sampler.sync(policy)   # a cold start or a resumed checkpoint changed the weights it loaded
+        except BaseException:
+            sampler.close()        # the files it wrote for the engine go with it
+            raise
     return sampler

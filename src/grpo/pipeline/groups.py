@@ -208,6 +208,8 @@ class _Client:
         engine = getattr(self.sampler, "engine", None)
         if engine is not None and self.owns_engine:   # one given to train() is its caller's
             engine.close()
+        if hasattr(self.sampler, "drop_adapters"):     # the LoRA adapters' files it wrote
+            self.sampler.drop_adapters()
 
 
 class _Closing(Exception):

@@ -93,6 +93,28 @@ def where_i_run() -> tuple[str, str]:
     return host, address
 
 
+def on_this_machine(host: str | None) -> bool:
+    """True when `host` names this machine: a loopback address or one of its own (an address a
+    socket here can bind). A name that does not resolve counts as this machine's: the connection
+    says what is wrong with it."""
+    import ipaddress
+    import socket
+    try:
+        found = socket.getaddrinfo(host or "localhost", None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return True
+    for family, _, _, _, address in found:
+        if ipaddress.ip_address(address[0].split("%")[0]).is_loopback:
+            return True
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((address[0], 0))
+                return True
+            except OSError:
+                pass
+    return False
+
+
 def lost_peer(error: BaseException) -> str | None:
     """One line for a collective that failed because other processes went away (a peer closed
     its connection: it died; no answer within collective_timeout_s: its machine was cut off,

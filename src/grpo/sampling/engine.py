@@ -154,6 +154,14 @@ class EngineSampler:
         if self.owns_engine:
             self.owns_engine = False
             self.engine.close()
+        self.drop_adapters()
+
+    def drop_adapters(self) -> None:
+        """Remove the adapter files written for the engine (LoRA; an engine closed elsewhere)."""
+        if self.adapters is not None:
+            import shutil
+            shutil.rmtree(self.adapters, ignore_errors=True)
+            self.adapters = None
 
     def sleep(self) -> None:
         if self.sleep_between and not self.asleep:
@@ -176,7 +184,8 @@ class EngineSampler:
             if not self.base_loaded:     # the base is fixed from the sampler's start on
                 self.engine.load_weights(weights_of(policy), version)
                 self.base_loaded = True
-            self.engine.load_adapter(self._adapter_dir(policy, version), version)
+            sends = getattr(self.engine, "sends", True)      # under torchrun, process 0 alone
+            self.engine.load_adapter(self._adapter_dir(policy, version) if sends else "", version)
             return
         if lora:
             policy.merge_adapter()
@@ -187,13 +196,17 @@ class EngineSampler:
                 policy.unmerge_adapter()
 
     def _adapter_dir(self, policy, version: int) -> str:
-        """The policy's adapter saved (peft's files) in a directory of its own for `version`;
-        the previous version's is removed."""
+        """The policy's adapter saved (peft's files) in a directory of its own for `version`,
+        where the engine reads weights (a server: vllm_weights_dir, or /dev/shm; named as its
+        weights folders are, so that a killed run's is swept); the previous version's is removed."""
+        import os
         import shutil
+        import socket
         import tempfile
         from pathlib import Path
         if self.adapters is None:
-            self.adapters = Path(tempfile.mkdtemp(prefix="grpo-adapter-"))
+            self.adapters = Path(tempfile.mkdtemp(prefix=f"grpo-weights-{os.getpid()}@{socket.gethostname()}-",
+                                                  dir=getattr(self.engine, "weights_parent", None)))
         for old in self.adapters.iterdir():
             shutil.rmtree(old, ignore_errors=True)
         path = self.adapters / f"v{version}"

@@ -31,6 +31,8 @@ class Engines:
         self.sends, self.meet, self.log = sends, meet, log
         self.version = min(e.version for e in engines)
         self.lora_rank = min(e.lora_rank for e in engines)
+        # where the servers read weights and adapters from (one directory: the run's setting)
+        self.weights_parent = getattr(engines[0], "weights_parent", None)
         limits = [e.max_model_len for e in engines if e.max_model_len is not None]
         self.max_model_len = min(limits) if limits else None
         self.name = engines[0].name if len(engines) == 1 else \
@@ -86,7 +88,9 @@ class Engines:
         self._each(load, version, "loading weights")
 
     def load_adapter(self, path: str, version: int) -> None:
-        self._each(lambda e: e.load_adapter(path, version), version, "loading an adapter")
+        """Every engine up loads the adapter in `path` (process 0's: the others give "")."""
+        self._each(lambda e: e.load_adapter(path, version), version, "loading an adapter",
+                   held="adapter_loaded")
 
     def _agree(self, what: str) -> None:
         """Meet the other trainer processes; leave out every engine that any of them left out."""
@@ -97,7 +101,7 @@ class Engines:
         for engine in [e for e in self.up if self.engines.index(e) not in kept]:
             self._down(engine, EngineError("another trainer process left it out"), what)
 
-    def _each(self, load, version: int, what: str) -> None:
+    def _each(self, load, version: int, what: str, held: str = "loaded") -> None:
         # every process has finished sampling with the old version, and all leave out the same
         self._agree(f"{what} (version {version})")
         engines = self._alive(f"{what} (version {version})")
@@ -111,8 +115,8 @@ class Engines:
                     self._down(engine, e, f"{what} (version {version})")
         self._agree(f"{what} (version {version})")   # ... none samples before every engine holds
         for engine in self._alive(f"{what} (version {version})"):   # the new one, none uses one left out
-            if not self.sends and hasattr(engine, "loaded"):
-                engine.loaded(version)     # process 0 loaded it: what this process checks against
+            if not self.sends and hasattr(engine, held):
+                getattr(engine, held)(version)   # process 0 loaded it: what this process uses
         self.version = version
 
     def sleep(self) -> None:

