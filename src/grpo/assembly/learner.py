@@ -156,29 +156,9 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
                            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                            stop=tuple(s.stop), repetition_penalty=s.repetition_penalty,
                            decode=s.decode, decode_slots=s.decode_slots, log=log)
-    from grpo.sampling.engine import EngineError, EngineSampler
+    from grpo.sampling.engine import EngineSampler
     if engine is None and kind == "vllm_server":
-        from grpo.sampling.engines import Engines
-        from grpo.sampling.vllm_server import VLLMServerEngine, sweep_weights
-        world = world or distributed.World()
-        try:
-            if s.vllm_weights_dir:
-                Path(s.vllm_weights_dir).mkdir(parents=True, exist_ok=True)
-            if world.is_main:          # what runs killed on this machine left in RAM or on disk
-                for left in sweep_weights(s.vllm_weights_dir or "/dev/shm"):
-                    log(f"removed the weights a run no longer running left: {left}")
-            servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s, dtype=c.compute_dtype,
-                                        weights_dir=s.vllm_weights_dir or None, lora_rank=c.model.lora_r)
-                       for url in s.vllm_url]
-        except EngineError as e:
-            raise ConfigError(f"config key 'vllm_url': {e}") from None
-        for why in {e.merged_why for e in servers if e.merged_why and world.is_main}:
-            log(f"LoRA: the merged weights go to the servers at every update, not the adapter "
-                f"alone: {why}")
-        if meet is None and world.size > 1:     # in `world`'s group (the clients' own, async)
-            def meet(up):
-                return distributed.gather_objects(up, world)
-        engine = Engines(servers, sends=world.is_main, meet=meet, log=log)
+        engine = _servers(c, world or distributed.World(), meet, log)
     if engine is None:
         from grpo.sampling.vllm import VLLMEngine, VLLMUnavailable
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
@@ -201,3 +181,30 @@ def make_sampler(c: TrainConfig, policy, tokenizer, agent: Agent | None = None, 
             sampler.close()        # the files it wrote for the engine go with it
             raise
     return sampler
+
+
+def _servers(c: TrainConfig, world: distributed.World, meet, log):
+    """The config's vLLM servers as one engine (`Engines`), after sweeping what killed runs on this
+    machine left in the weights directory; a server that takes no adapter of a LoRA run's rank
+    is said once (the merged weights go to it)."""
+    from grpo.sampling.engine import EngineError
+    from grpo.sampling.engines import Engines
+    from grpo.sampling.vllm_server import VLLMServerEngine, sweep_weights
+    s = c.sampling
+    try:
+        if s.vllm_weights_dir:
+            Path(s.vllm_weights_dir).mkdir(parents=True, exist_ok=True)
+        if world.is_main:          # what runs killed on this machine left in RAM or on disk
+            for left in sweep_weights(s.vllm_weights_dir or "/dev/shm"):
+                log(f"removed the weights a run no longer running left: {left}")
+        servers = [VLLMServerEngine(url, timeout_s=s.vllm_timeout_s, dtype=c.compute_dtype,
+                                    weights_dir=s.vllm_weights_dir or None, lora_rank=c.model.lora_r)
+                   for url in s.vllm_url]
+    except EngineError as e:
+        raise ConfigError(f"config key 'vllm_url': {e}") from None
+    for why in {e.merged_why for e in servers if e.merged_why and world.is_main}:
+        log(f"LoRA: the merged weights go to the servers at every update, not the adapter alone: {why}")
+    if meet is None and world.size > 1:     # in `world`'s group (the clients' own, async)
+        def meet(up):
+            return distributed.gather_objects(up, world)
+    return Engines(servers, sends=world.is_main, meet=meet, log=log)
