@@ -316,3 +316,47 @@ def test_a_lora_run_reads_whether_its_server_takes_adapters_and_says_why_not(inf
         engine.close()
     finally:
         server.close()
+
+
+def test_launch_on_nodes_prints_each_machines_command_and_refuses_what_cannot_run(tmp_path):
+    """--nodes A,B --server-nodes C: the server's line on C (listening on C, with LoRA's flags and
+    environment for lora_r), then the trainer's on A and B under torchrun (c10d on A), each
+    given the server's URL; model=tiny built where every machine sees it. Nothing is started.
+    (tests/test_vllm.py runs the printed lines on machines made of namespaces.)"""
+    import shlex
+    shared = tmp_path / "shared"
+    done = launch("model=tiny", "lora_r=4", f"vllm_weights_dir={shared}", f"output_dir={shared / 'run'}",
+                  "--nodes", "a,b", "--server-nodes", "c", "--nproc-per-node", "2", "--port", "8100")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    on = [(line, lines[i + 1]) for i, line in enumerate(lines) if line.startswith("# on ")]
+    assert [head for head, _ in on] == ["# on c: vLLM server 1 of 1", "# on a: trainer, machine 1 of 2",
+                                        "# on b: trainer, machine 2 of 2"]
+    server = shlex.split(on[0][1])
+    assert server[3:5] == ["VLLM_SERVER_DEV_MODE=1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"]
+    assert server[5] == "python" and server[server.index("--host") + 1] == "c"
+    assert server[server.index("--port") + 1] == "8100" and server[-5:-3] == ["--enable-lora", "--max-lora-rank"]
+    model = shared / "grpo-launch-model" / "base_model"
+    assert str(model) in server and (model / "config.json").exists()
+    trainers = [shlex.split(line) for _, line in on[1:]]
+    assert trainers[0] == trainers[1]            # the same line on each: torchrun gives the ranks
+    t = trainers[0]
+    assert t[3:6] == ["python", "-m", "torch.distributed.run"]
+    assert t[t.index("--nnodes") + 1] == "2" and t[t.index("--nproc-per-node") + 1] == "2"
+    assert "--rdzv-endpoint=a:29400" in t and "--rdzv-backend" in t
+    assert t[-2:] == ["sampler=vllm_server", "vllm_url=http://c:8100"]
+    assert f"see {shared} (vllm_weights_dir) and {shared / 'run'} (output_dir) at the same path" in \
+        " ".join(line.lstrip("# ") for line in lines[:6])
+    assert not (shared / "run").exists()          # nothing ran
+    for words, error in [
+            (["--nodes", "a,b", "--server-nodes", "c"], "config key 'vllm_weights_dir': grpo launch --nodes "
+                                                         "puts the servers on other machines"),
+            (["--nodes", "a", f"vllm_weights_dir={shared}"], "--nodes (the trainer's machines) and "
+                                                             "--server-nodes (the vLLM servers') go together"),
+            (["--nodes", "a,a", "--server-nodes", "c", f"vllm_weights_dir={shared}"],
+             "--nodes takes the machines' names or addresses, comma-separated, each once, got 'a,a'"),
+            (["--nodes", "a", "--server-nodes", "c", "--servers", "2", f"vllm_weights_dir={shared}"],
+             "--servers N shares this machine among N servers")]:
+        done = launch("model=tiny", *words)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert done.stderr.startswith(f"grpo launch: error: {error}"), done.stderr

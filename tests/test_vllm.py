@@ -687,6 +687,7 @@ def test_lora_on_a_server_takes_the_base_once_and_then_the_adapter_alone(engine_
     at run time): the trainer sends the whole weights once, then after each update the adapter
     alone (/v1/load_lora_adapter), which the server samples with (the log-probs are the
     trainer's); each old adapter is unloaded, and the adapters' files are removed at the end.
+    A later run's version whose name an earlier run left loaded is unloaded and loaded anew.
     The same on two trainer processes with async_steps=1 (process 0 sends, both sample with the
     version's adapter) equals one process."""
     import urllib.request
@@ -713,6 +714,10 @@ def test_lora_on_a_server_takes_the_base_once_and_then_the_adapter_alone(engine_
     assert listed[1:] == [adapter_name(3)]                              # the last alone is kept
     assert max(r["sampler/logp_diff"] for r in rows) < 1e-4, [r["sampler/logp_diff"] for r in rows]
     assert max(r["kl"] for r in rows) > 0                               # the adapter moved the policy
+    # the later runs' versions start again: a name the last run left loaded is unloaded, then taken
+    later = (tmp_path / "vllm.log").read_text()[len(log):]
+    assert re.search(r'"POST /v1/load_lora_adapter HTTP/1.1" 400.*?Removed LoRA adapter: name '
+                     r"'(grpo-adapter-v\d+)'.*?Loaded new LoRA adapter: name '\1'", later, re.S), later[-3000:]
     one, two = repeatable(tmp_path / "async"), repeatable(tmp_path / "two")
     assert [r["step"] for r in two] == [1, 2, 3] and len(one) == 3
     for x, y in zip(one, two):
@@ -905,28 +910,40 @@ def test_a_server_that_dies_mid_run_is_left_out_and_the_run_is_unchanged(
 
 def test_trainers_on_two_nodes_and_servers_on_two_others_equal_one_process_on_one_server(
         session_server, engine_model_dir, tmp_path):
-    """Four machines made of namespaces (tests/nodes.py): vLLM servers on nodes c and d, listening
-    on their own addresses; trainers under torchrun on nodes a and b (c10d on a), async_steps=1,
-    vllm_url=[http://node-c:8000,http://node-d:8000]; the weights through a shared directory
-    (vllm_weights_dir), the run directory on another. It equals one process on one server (as
-    test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process has it)."""
+    """Four machines made of namespaces (tests/nodes.py), each running the line `grpo launch
+    --nodes node-a,node-b --server-nodes node-c,node-d` printed for it: vLLM servers on nodes c
+    and d, listening on their own addresses; trainers under torchrun on nodes a and b (c10d on
+    a), async_steps=1, vllm_url=[http://node-c:8000,http://node-d:8000]; the weights through a
+    shared directory (vllm_weights_dir), the run directory on it too. It equals one process on
+    one server (as test_two_servers_and_two_trainer_processes_equal_one_server_and_one_process
+    has it)."""
     from nodes import Nodes, unavailable
     from test_distributed import REWARD
-    from grpo.commands.launch import serve_command
     if unavailable():
         pytest.skip(f"no nodes here: {unavailable()}")
     grpo_train(engine_model_dir, [session_server.url], tmp_path / "one", "steps=3")
     code, shared = tmp_path / "code", tmp_path / "shared"
     code.mkdir()
     (code / "shaped.py").write_text(REWARD)
+    args = [f"model={engine_model_dir}", *[a for a in ASYNC if a != "sampler=vllm_server"], "steps=3",
+            f"vllm_weights_dir={shared / 'weights'}", f"output_dir={shared / 'two'}"]
+    printed = subprocess.run([sys.executable, "-m", "grpo", "launch", *args, "--nodes", "node-a,node-b",
+                              "--server-nodes", "node-c,node-d"], capture_output=True, text=True,
+                             cwd=code, timeout=300)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    lines = printed.stdout.splitlines()
+    on = {line.split()[2].rstrip(":"): lines[i + 1] for i, line in enumerate(lines) if line.startswith("# on ")}
+    assert list(on) == ["node-c", "node-d", "node-a", "node-b"], printed.stdout
+    assert "--host node-c --port 8000" in on["node-c"] and "--rdzv-endpoint=node-a:29400" in on["node-b"]
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # `python` is this environment's, as the printed header asks
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
     with Nodes(4, tmp_path / "nodes", shared=[shared], keep=[root, Path(sys.prefix)],
                seed=[engine_model_dir, code], cwd=code) as (a, b, c, d):
         for node in (c, d):
-            command = serve_command(str(engine_model_dir), 8000, seed=0, dtype="float32",
-                                    gpu_memory_utilization=0.1, host=node.address) + ["--max-model-len", "512"]
-            node.popen(command, env=env, stdout=(tmp_path / f"{node.name}.log").open("w"), stderr=subprocess.STDOUT)
+            node.popen(["bash", "-c", on[node.name]], env=env, stdout=(tmp_path / f"{node.name}.log").open("w"),
+                       stderr=subprocess.STDOUT)
         wait = ("import sys, time, urllib.request\n"
                 "for url in sys.argv[1:]:\n"
                 "    for _ in range(1200):\n"
@@ -936,15 +953,12 @@ def test_trainers_on_two_nodes_and_servers_on_two_others_equal_one_process_on_on
                 "    else: sys.exit(f'{url} not healthy')\n")
         up = a.run([sys.executable, "-c", wait, "http://node-c:8000", "http://node-d:8000"], timeout=700)
         assert up.returncode == 0, up.stderr + (tmp_path / "node-c.log").read_text()[-3000:]
-        args = [f"model={engine_model_dir}", "vllm_url=[http://node-c:8000,http://node-d:8000]", *ASYNC, "steps=3",
-                f"vllm_weights_dir={shared / 'weights'}", f"output_dir={shared / 'two'}"]
-        trainers = [node.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                                "--rdzv-backend", "c10d", f"--rdzv-endpoint={a.address}:29400", "--rdzv-id", "t",
-                                "-m", "grpo", "train", *args], env=env, stdout=(tmp_path / f"{node.name}.log").open("w"),
-                               stderr=subprocess.STDOUT) for node in (a, b)]
+        trainers = [node.popen(["bash", "-c", on[node.name]], env=env,
+                               stdout=(tmp_path / f"{node.name}.log").open("w"), stderr=subprocess.STDOUT)
+                    for node in (a, b)]
         codes = [t.wait(timeout=600) for t in trainers]
-        printed = "\n".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in ("node-a", "node-b"))
-    assert codes == [0, 0], printed
+        said = "\n".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in ("node-a", "node-b"))
+    assert codes == [0, 0], said
     one, two = repeatable(tmp_path / "one"), repeatable(shared / "two")
     assert [r["step"] for r in two] == [1, 2, 3] and len(one) == 3
     for x, y in zip(one, two):
@@ -952,4 +966,4 @@ def test_trainers_on_two_nodes_and_servers_on_two_others_equal_one_process_on_on
         assert not [k for k in x if x[k] != pytest.approx(y[k], rel=1e-5, abs=1e-6)], x["step"]
     w1, w2 = final_weights(tmp_path / "one"), final_weights(shared / "two")
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 2e-5
-    assert list((shared / "weights").iterdir()) == []       # the versions sent, removed at the end
+    assert [p.name for p in (shared / "weights").iterdir()] == []   # the versions sent, removed at the end

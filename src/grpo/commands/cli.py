@@ -13,6 +13,8 @@
                                                 per-row results and pass@k, no model
     grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N]
                                                 a vLLM server, the run on it, the server stopped
+    grpo launch ... --nodes A,B --server-nodes C,D  print the command for each machine of a run
+                                                across machines (servers on C, D; trainer on A, B)
     grpo bench [CONFIG.yaml] [key=value ...]    a few measured steps, one JSON line
     grpo explain [CONFIG.yaml] [key=value ...] [--prompt TEXT | --row N] [--json]
                                                 the four steps on one prompt, every number shown
@@ -106,6 +108,9 @@ def cmd_launch(args: list[str], options: dict) -> None:
             raise UsageError(f"--{flag} takes a whole number of at least {least}, got {value!r}")
         numbers[flag] = int(value) if value is not None else None
     path, overrides = _checked_args(args)
+    if options.get("nodes") or options.get("server-nodes"):   # print each machine's command
+        from grpo.commands.nodes import launch_on_nodes
+        return launch_on_nodes(path, overrides, options, numbers)
     code = launch(path, overrides, nproc=numbers["nproc-per-node"] or 1, port=numbers["port"],
                   say=to_stderr, servers=numbers["servers"] or 1)
     if code:
@@ -274,7 +279,7 @@ COMMANDS: dict[str, Command] = {
          "run": {"sft_steps", "sft_lr", "sft_batch_size", "seed", "threads", "algorithm"},
          "agent": ALL}),
     "launch": Command(cmd_launch, "grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N] "
-                                  "[--port P] [--servers N]",
+                                  "[--port P] [--servers N | --nodes A,B --server-nodes C,D]",
                       "A vLLM server and the trainer on it, in one command: starts `vllm serve` "
                       "with the flags the run needs, waits until it is healthy, runs grpo train "
                       "with sampler=vllm_server (under torchrun with --nproc-per-node), and stops "
@@ -284,6 +289,10 @@ COMMANDS: dict[str, Command] = {
                                        "with --servers N, the first of N"),
                        "--servers": ("N", "vLLM servers, each on its own port, with its own log and "
                                           "an equal share of the GPUs, or of the CPU cores (default 1)"),
+                       "--nodes": ("A,B", "the trainer's machines: print each machine's command, start "
+                                          "nothing (with --server-nodes and a shared vllm_weights_dir)"),
+                       "--server-nodes": ("C,D", "with --nodes: the machines that run a vLLM server "
+                                                 "each, on --port (default 8000)"),
                        **PRINT_CONFIG}, EVERY_KEY),
     "report": Command(cmd_report, "grpo report RUN_DIR [RUN_DIR ...] [--out DIR]",
                       "An HTML report with plots and a completion browser for a run directory "

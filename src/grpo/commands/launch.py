@@ -1,14 +1,16 @@
 """`grpo launch`: a vLLM server and the trainer pointed at it, in one command.
 
     grpo launch [CONFIG.yaml] [key=value ...] [--nproc-per-node N] [--port P] [--servers N]
+    grpo launch ... --nodes A,B --server-nodes C,D      (prints each machine's command)
 
     1. the model vLLM serves: the config's `model` (a tiny one built like the trainer's for
        model=tiny: the trainer loads its own weights into the server before the first step)
     2. `vllm serve MODEL` on 127.0.0.1:P with what the run needs: the run's seed and dtype, the
        drawn tokens' log-probs after temperature and top-p (--logprobs-mode processed_logprobs),
-       and VLLM_SERVER_DEV_MODE=1, which opens the /collective_rpc the weight updates use
-       under a model name of its own, on a port checked free (a given --port that something
-       already listens on is refused); the server gets SIGTERM if launch itself dies
+       LoRA adapters for a run with lora_r (loaded at run time), and VLLM_SERVER_DEV_MODE=1,
+       which opens the /collective_rpc the weight updates use; under a model name of its own,
+       on a port checked free (a given --port that something already listens on is refused);
+       the server gets SIGTERM if launch itself dies
     3. wait until its /health answers and its /v1/models lists that name (its log is followed,
        and its end is shown if it dies; another server answering on the port is refused)
     4. `grpo train ... sampler=vllm_server vllm_url=http://127.0.0.1:P`, or under torchrun with
@@ -28,8 +30,9 @@ process of that group (under torchrun, its workers too) as SIGINT or SIGTERM: th
 its step, writes a checkpoint and stops, and launch waits for it before it stops the server. A
 second signal stops the trainer at once (SIGKILL).
 
-The two-terminal form, for a server on another machine or kept between runs, is in
-docs/guides/scaling-out.md.
+With --nodes A,B --server-nodes C,D, launch starts nothing: it prints the command for each
+machine of a run across machines (commands/nodes.py). The two-terminal form, for a server kept
+between runs, is in docs/guides/scaling-out.md.
 """
 
 from __future__ import annotations
