@@ -642,7 +642,8 @@ def test_grpo_launch_runs_the_readmes_command(tmp_path):
 def test_grpo_launch_with_two_servers_gives_each_its_port_cores_and_log_and_trains_on_both(tmp_path):
     """--servers 2 on this machine's two cores: two servers, on ports P and P+1, each pinned to a
     core of its own with its own log; the trainer, given both (Engines shares the requests out),
-    samples with its own weights; both servers stopped after."""
+    samples with its own weights; both servers stopped after. With lora_r, launch starts them to
+    take adapters, and the trainer sends the adapter alone (it says so where it cannot)."""
     import re
     from grpo.commands.launch import free_port, shares
     if len(shares(2)) != 2 or len({tuple(s["cores"]) for s in shares(2)}) != 2:
@@ -658,8 +659,9 @@ def test_grpo_launch_with_two_servers_gives_each_its_port_cores_and_log_and_trai
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     done = subprocess.run([sys.executable, "-m", "grpo", "launch", "model=tiny", "steps=2", "sft_steps=10",
                            "eval_every=0", "save_every=0", f"output_dir={tmp_path / 'run'}", "--port", str(port),
-                           "--servers", "2"], capture_output=True, text=True, env=env, timeout=900)
+                           "--servers", "2", "lora_r=4"], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "merged weights" not in done.stdout + done.stderr
     started = re.findall(r"starting vllm serve \S+ on http://127\.0\.0\.1:(\d+) \(pid (\d+), cores ([\d,]+), "
                          r"log: (\S+)\)", done.stderr)
     assert [int(p) for p, _, _, _ in started] == [port, port + 1], done.stderr[-3000:]
