@@ -32,12 +32,13 @@ def launch(node, rdzv: str, args: list[str], env: dict, log: Path, *more: str) -
                       env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def on_two_nodes(tmp_path, args: list[str], env_b: dict | None = None) -> tuple[int, int, str]:
-    """`grpo train args` on nodes a and b; their exit codes and what they printed."""
+def on_two_nodes(tmp_path, model, args: list[str], env_b: dict | None = None) -> tuple[int, int, str, list[Path]]:
+    """`grpo train args` on nodes a and b, each with its own copy of `model`; their exit codes,
+    what they printed, and their own /tmp as this machine sees them."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     code = tmp_path / "code"
     with Nodes(2, tmp_path / "nodes", shared=[tmp_path / "shared"], keep=[ROOT, Path(sys.prefix)],
-               seed=[code, *SEEDED], cwd=code) as (a, b):
+               seed=[code, Path(model)], cwd=code) as (a, b):
         logs = [tmp_path / f"{n.name}.log" for n in (a, b)]
         rdzv = f"{a.address}:29400"
         runs = [launch(a, rdzv, args, env, logs[0]), launch(b, rdzv, args, {**env, **(env_b or {})}, logs[1])]
@@ -49,12 +50,8 @@ def on_two_nodes(tmp_path, args: list[str], env_b: dict | None = None) -> tuple[
                 codes.append(None)
         printed = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
         assert None not in codes, f"a node ran past {TIMEOUT} s\n{printed}"
-        TMPS[:] = [a.tmp, b.tmp]
-        return codes[0], codes[1], printed
+        return codes[0], codes[1], printed, [a.tmp, b.tmp]
 
-
-SEEDED: list[Path] = []        # the model directory, set by the fixture
-TMPS: list[Path] = []          # the nodes' own /tmp, as the host sees them, after a run
 
 REWARD = '''
 def distinct(prompts, completions, **columns):
@@ -70,7 +67,6 @@ ARGS = ["task=addition", "prompts_per_step=4", "group_size=4", "max_new_tokens=6
 def model(tiny_model_dir, tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "shaped.py").write_text(REWARD)
-    SEEDED[:] = [Path(tiny_model_dir)]
     return tiny_model_dir
 
 
@@ -95,9 +91,9 @@ def metrics(run: Path) -> list[dict]:
             for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def own_files(tmp: Path, tmp_path: Path) -> list[str]:
+def own_files(tmp: Path, tmp_path: Path, model) -> list[str]:
     """What a node wrote in its own /tmp: its files other than the copies it was given."""
-    given = [Path("/tmp") / p.relative_to("/tmp") for p in (*SEEDED, tmp_path / "code")]
+    given = [Path("/tmp") / p.relative_to("/tmp") for p in (Path(model), tmp_path / "code")]
     return sorted(str(p) for p in (Path("/tmp") / f.relative_to(tmp) for f in tmp.rglob("*") if f.is_file())
                   if not any(p.is_relative_to(g) for g in given))
 
@@ -110,7 +106,7 @@ def own_files(tmp: Path, tmp_path: Path) -> list[str]:
 def test_two_nodes_train_as_one_process_with_the_whole_batch(model, tmp_path, extra, one_more, two_more):
     args = [f"model={model}", *ARGS, *extra]
     one = one_process(tmp_path, [*args, *one_more], "one", torchrun="parallel=fsdp" in extra)
-    a, b, printed = on_two_nodes(tmp_path, [*args, *two_more, f"output_dir={tmp_path / 'shared' / 'two'}"])
+    a, b, printed, tmps = on_two_nodes(tmp_path, model, [*args, *two_more, f"output_dir={tmp_path / 'shared' / 'two'}"])
     assert (a, b) == (0, 0), printed
     two = tmp_path / "shared" / "two"
     assert len(metrics(one)) == len(metrics(two)) == 3      # written once, by one process
@@ -123,8 +119,8 @@ def test_two_nodes_train_as_one_process_with_the_whole_batch(model, tmp_path, ex
     start = load_file(Path(model) / "model.safetensors")
     assert max((p1[k] - start[k]).abs().max().item() for k in p1) > 1e-4     # it trained
     assert max((p1[k] - p2[k]).abs().max().item() for k in p1) < 1e-4       # test_distributed's bound
-    for tmp in TMPS:    # neither node wrote anything in its own /tmp
-        assert own_files(tmp, tmp_path) == []
+    for tmp in tmps:    # neither node wrote anything in its own /tmp
+        assert own_files(tmp, tmp_path, model) == []
 
 
 def test_a_node_killed_mid_run_resumes_on_two_nodes_exactly(model, tmp_path):
@@ -132,10 +128,10 @@ def test_a_node_killed_mid_run_resumes_on_two_nodes_exactly(model, tmp_path):
     again with resume=auto: the metrics and weights of the unbroken run on two nodes."""
     args = [f"model={model}", *ARGS, "steps=4", "save_every=2", "keep_last=1"]
     whole = tmp_path / "shared" / "whole"
-    a, b, printed = on_two_nodes(tmp_path, [*args, f"output_dir={whole}"])
+    a, b, printed, _ = on_two_nodes(tmp_path, model, [*args, f"output_dir={whole}"])
     assert (a, b) == (0, 0), printed
     broken = tmp_path / "shared" / "broken"
-    a, b, printed = on_two_nodes(tmp_path, [*args, f"output_dir={broken}"],
+    a, b, printed, _ = on_two_nodes(tmp_path, model, [*args, f"output_dir={broken}"],
                                  env_b={"GRPO_FAULT_KILL_AT": "step:3"})
     assert a != 0 and b != 0, printed
     node_a = printed[:printed.index("--- node-b.log")]
@@ -148,7 +144,7 @@ def test_a_node_killed_mid_run_resumes_on_two_nodes_exactly(model, tmp_path):
     # loss reached it (resume takes the log back to the checkpoint)
     assert [p.name for p in (broken / "checkpoints").iterdir()] == ["step-2"]
     assert [m["step"] for m in metrics(broken)][:2] == [1, 2] and len(metrics(broken)) <= 3
-    a, b, printed = on_two_nodes(tmp_path, [*args, f"output_dir={broken}", "resume=auto"])
+    a, b, printed, _ = on_two_nodes(tmp_path, model, [*args, f"output_dir={broken}", "resume=auto"])
     assert (a, b) == (0, 0), printed
     assert metrics(broken) == metrics(whole)
     p1, p2 = load_file(whole / "final" / "model.safetensors"), load_file(broken / "final" / "model.safetensors")
@@ -166,7 +162,7 @@ def test_a_node_cut_off_mid_run_stops_both_within_the_timeout_naming_the_peer(mo
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     code = tmp_path / "code"
     with Nodes(2, tmp_path / "nodes", shared=[tmp_path / "shared"], keep=[ROOT, Path(sys.prefix)],
-               seed=[code, *SEEDED], cwd=code) as (a, b):
+               seed=[code, Path(model)], cwd=code) as (a, b):
         logs = [tmp_path / f"{n.name}.log" for n in (a, b)]
         runs = [launch(n, f"{a.address}:29400", args, env, log) for n, log in zip((a, b), logs)]
         checkpoint = tmp_path / "shared" / "cut" / "checkpoints" / "step-2"
@@ -206,7 +202,7 @@ def test_a_server_on_another_node_needs_a_shared_weights_dir_and_is_refused_in_o
     trainer on node a pointed at a server on node b, with the weights going through node a's
     /dev/shm (no vllm_weights_dir), stops before any work in one line naming the missing shared
     file system. Nothing listens on node b: the check needs no server."""
-    with Nodes(2, tmp_path / "nodes", keep=[ROOT, Path(sys.prefix)], seed=[*SEEDED]) as (a, b):
+    with Nodes(2, tmp_path / "nodes", keep=[ROOT, Path(sys.prefix)], seed=[Path(model)]) as (a, b):
         seen = a.run([sys.executable, "-c", "from grpo.run.distributed import on_this_machine as m; "
                       "print([m(h) for h in ('node-a', '10.77.0.1', 'localhost', 'node-b', '10.77.0.2')])"],
                      timeout=60)
