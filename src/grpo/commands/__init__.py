@@ -4,4 +4,6 @@
     bench     `grpo bench`: the step timed on this machine
     score     `grpo score`: a file of completions scored by the rewards
     explain   `grpo explain`: one group's numbers, stage by stage
+    launch    `grpo launch`: vLLM servers started, the run on them, the servers stopped
+    nodes     `grpo launch --nodes`: the command for each machine of a run across machines, printed
 """
