@@ -310,7 +310,9 @@ def start_server(model_dir, port: int, log_path, lora_r: int = 0):
                            "vllm_gpu_memory_utilization": 0.1, "lora_r": lora_r})
     # unbuffered: the tests read vLLM's own log lines (stdout, block-buffered into a file) as soon
     # as a run ends
-    env = {**os.environ, **serve_env(lora_r), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
+    # and at INFO: the in-process engine of this session sets VLLM_LOGGING_LEVEL=WARNING here
+    env = {**os.environ, **serve_env(lora_r), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1",
+           "VLLM_LOGGING_LEVEL": "INFO"}
     command = server_command(config, str(model_dir), port) + ["--max-model-len", "512"]
     log = open(log_path, "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
