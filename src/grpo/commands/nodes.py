@@ -25,11 +25,11 @@ RENDEZVOUS_PORT = 29400    # torchrun's c10d store on the first trainer machine
 
 
 def node_commands(path: str | None, overrides: list[str], nodes: list[str], server_nodes: list[str],
-                  nproc: int = 1, port: int = 8000) -> list[tuple[str, str, str]]:
-    """(machine, what runs there, the shell line) for each server, then each trainer machine."""
-    from grpo.commands.launch import check_inputs, launch_config, served_model, server_command, serve_env
+                  config, nproc: int = 1, port: int = 8000) -> list[tuple[str, str, str]]:
+    """(machine, what runs there, the shell line) for each server, then each trainer machine;
+    `config` is the run's, as launch_config loads it."""
+    from grpo.commands.launch import check_inputs, served_model, server_command, serve_env
     from grpo.config import ConfigError
-    config = launch_config(path, overrides)
     weights = config.sampling.vllm_weights_dir
     if not weights:
         raise ConfigError("config key 'vllm_weights_dir': grpo launch --nodes puts the servers on other "
@@ -83,8 +83,8 @@ def print_node_commands(path: str | None, overrides: list[str], nodes: list[str]
                         server_nodes: list[str], nproc: int = 1, port: int | None = None) -> str:
     """What `grpo launch --nodes` prints."""
     from grpo.commands.launch import launch_config
-    lines = node_commands(path, overrides, nodes, server_nodes, nproc, port or 8000)
     config = launch_config(path, overrides)
+    lines = node_commands(path, overrides, nodes, server_nodes, config, nproc, port or 8000)
     return render(lines, nodes, server_nodes, config.sampling.vllm_weights_dir,
                   str(Path(config.run.output_dir).resolve()))
 
