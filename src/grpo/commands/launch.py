@@ -188,8 +188,8 @@ def serve_command(model: str, port: int, *, seed: int, dtype: str,
         command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
     except importlib.metadata.PackageNotFoundError:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-    lora = ["--enable-lora", "--max-lora-rank", str(lora_slot(lora_rank)), "--max-loras", "1"] \
-        if lora_slot(lora_rank) else []
+    slot = lora_slot(lora_rank)
+    lora = ["--enable-lora", "--max-lora-rank", str(slot), "--max-loras", "1"] if slot else []
     return command + ["--host", host, "--port", str(port), "--seed", str(seed),
                       "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
                       "--gpu-memory-utilization", str(gpu_memory_utilization)] + lora

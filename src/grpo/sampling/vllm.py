@@ -107,11 +107,10 @@ class VLLMEngine:
                       logprobs_mode="processed_logprobs")   # after temperature/top-p: what was drawn from
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
-        self.lora_rank, self.lora = 0, None
         # vLLM takes some ranks only (an adapter of a lower rank fits the next); a larger
-        # adapter is merged into the whole weights instead
-        if lora_slot(lora_rank):
-            self.lora_rank = lora_slot(lora_rank)
+        # adapter is merged into the whole weights instead (0: no adapter slot)
+        self.lora_rank, self.lora = lora_slot(lora_rank), None
+        if self.lora_rank:
             kwargs.update(enable_lora=True, max_lora_rank=self.lora_rank, max_loras=1)
         quiet_updates()
         try:
